@@ -1,0 +1,186 @@
+"""The composition root: builds every part from settings; ordered start and stop.
+
+``cli.py`` and the tests start servers through the same :class:`App`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from typing import Any
+
+import numpy as np
+import uvicorn
+
+from modelyard.config.model_config import ModelConfig
+from modelyard.config.settings import ServerSettings
+from modelyard.errors import ModelNotReadyError
+from modelyard.frontends.dataplane import DataPlane
+from modelyard.frontends.http.app import create_app
+from modelyard.manager.manager import ModelManager
+from modelyard.manager.records import ModelRecord
+from modelyard.scheduling.config import SchedulerConfig
+from modelyard.scheduling.scheduler import ModelScheduler
+from modelyard.workers.inline import InlineInstance
+from modelyard.workers.instance import ModelInstance
+
+log = logging.getLogger("modelyard")
+
+
+class App:
+    """One modelyard server: manager, schedulers, REST (and gRPC) front ends."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.manager = ModelManager(
+            settings,
+            self._make_instance,
+            on_ready=self._on_ready,
+            on_unloaded=self._on_unloaded,
+        )
+        self.dataplane = DataPlane(self.manager)
+        self._http: uvicorn.Server | None = None
+        self._http_task: asyncio.Task[None] | None = None
+        self._grpc: Any = None
+        self._worker_factory: Any = None
+        self.http_port: int | None = None
+        self.grpc_port: int | None = None
+        self._closing_tasks: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ composition
+
+    def _make_instance(self, config: ModelConfig) -> ModelInstance:
+        if config.isolation == "inline":
+            return InlineInstance()
+        from modelyard.workers.process import ProcessInstance
+
+        return ProcessInstance(self._workers())
+
+    def _workers(self) -> Any:
+        if self._worker_factory is None:
+            from modelyard.workers.forkserver import WorkerFactory
+
+            self._worker_factory = WorkerFactory()
+        return self._worker_factory
+
+    def _on_ready(self, record: ModelRecord) -> None:
+        if record.scheduler is not None:
+            return
+        info = record.info
+        assert info is not None
+        config = SchedulerConfig.from_model_config(
+            record.config, supports_batching=info.supports_batching
+        )
+
+        async def execute(batch: dict[str, np.ndarray], deadline: float) -> dict[str, np.ndarray]:
+            instance = record.instance
+            if instance is None or not instance.is_alive:
+                raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
+            record.in_flight += 1
+            try:
+                return await instance.infer(batch, max(0.001, deadline - time.monotonic()))
+            finally:
+                record.in_flight -= 1
+
+        scheduler = ModelScheduler(str(record.key), config, execute)
+        record.scheduler = scheduler
+        task = asyncio.ensure_future(scheduler.start())
+        self._closing_tasks.add(task)
+        task.add_done_callback(self._closing_tasks.discard)
+
+    def _on_unloaded(self, record: ModelRecord) -> None:
+        scheduler, record.scheduler = record.scheduler, None
+        if scheduler is not None:
+            task = asyncio.ensure_future(scheduler.close())
+            self._closing_tasks.add(task)
+            task.add_done_callback(self._closing_tasks.discard)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Start the front ends, preload models, then report ready."""
+        s = self.settings
+        http_app = create_app(self.dataplane, s.max_request_bytes, self.extra_routes())
+        config = uvicorn.Config(
+            http_app,
+            host=s.host,
+            port=s.http_port,
+            loop="none",
+            http="httptools",
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=30,
+        )
+        self._http = uvicorn.Server(config)
+        # NOTE: uvicorn's own signal handling would fight ours; the CLI handles signals.
+        self._http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._http_task = asyncio.create_task(self._http.serve())
+        while not self._http.started:
+            if self._http_task.done():
+                self._http_task.result()
+                raise RuntimeError("HTTP server stopped during start-up")
+            await asyncio.sleep(0.01)
+        self.http_port = self._http.servers[0].sockets[0].getsockname()[1]
+        if s.grpc_port is not None:
+            await self._start_grpc()
+        await self.manager.start()
+        self.dataplane.is_serving = True
+        log.info(
+            "modelyard serving %d model(s) on http://%s:%s%s",
+            len(self.manager.entries),
+            s.host,
+            self.http_port,
+            f" and grpc {s.host}:{self.grpc_port}" if self.grpc_port else "",
+        )
+
+    async def _start_grpc(self) -> None:
+        try:
+            from modelyard.frontends.grpc.server import start_grpc_server
+        except ImportError:
+            log.warning("gRPC front end unavailable (stubs not generated)")
+            return
+        s = self.settings
+        self._grpc, self.grpc_port = await start_grpc_server(
+            self.dataplane, s.host, s.grpc_port or 0, s.max_request_bytes
+        )
+
+    def extra_routes(self) -> list[Any]:
+        """Routes beside the protocol's (metrics, dashboard, admin)."""
+        from modelyard.frontends.http.admin import admin_routes
+
+        return admin_routes(self)
+
+    async def stop(self) -> None:
+        """Stop taking requests, finish in-flight ones, unload every model, stop servers."""
+        self.dataplane.is_serving = False
+        if self._grpc is not None:
+            from modelyard.frontends.grpc.server import stop_grpc_server
+
+            await stop_grpc_server(self._grpc, 5.0)
+            self._grpc = None
+        await self.manager.close()
+        await asyncio.gather(*self._closing_tasks, return_exceptions=True)
+        if self._http is not None:
+            self._http.should_exit = True
+            if self._http_task is not None:
+                await self._http_task
+            self._http = None
+        if self._worker_factory is not None:
+            await self._worker_factory.close()
+            self._worker_factory = None
+
+    async def run_forever(self) -> None:
+        """Start, serve until SIGINT/SIGTERM, then stop gracefully."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            log.info("shutting down")
+            await self.stop()

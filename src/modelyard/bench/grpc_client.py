@@ -1,0 +1,210 @@
+"""gRPC client for the load generator, over the Open Inference Protocol's ``ModelInfer``.
+
+The protobuf stubs come from ``modelyard.frontends.grpc.proto`` and are imported only when gRPC
+mode is asked for; without them, gRPC mode fails with :class:`EngineUnavailableError`.
+
+Each model's ``ModelInferRequest`` is serialised once. The hot path calls the method through
+``channel.unary_unary`` with no serialisers, so requests go out as the stored bytes and
+responses come back as bytes that are never parsed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import grpc
+import numpy as np
+
+from modelyard.bench.discovery import Discovery
+from modelyard.bench.errors import EngineUnavailableError, TargetError
+from modelyard.bench.payload import InferInput, ModelMetadata, Payload, TensorSpec
+
+STUBS_PACKAGE = "modelyard.frontends.grpc.proto"
+"""Where the generated ``grpc_predict_v2_pb2`` and ``grpc_predict_v2_pb2_grpc`` live."""
+
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+_NUMPY_DTYPE = {
+    "BOOL": "?",
+    "INT8": "<i1",
+    "INT16": "<i2",
+    "INT32": "<i4",
+    "INT64": "<i8",
+    "UINT8": "<u1",
+    "UINT16": "<u2",
+    "UINT32": "<u4",
+    "UINT64": "<u8",
+    "FP16": "<f2",
+    "FP32": "<f4",
+    "FP64": "<f8",
+}
+
+
+@dataclass(frozen=True)
+class GrpcStubs:
+    """The generated modules and the full name of the inference service in them."""
+
+    pb2: ModuleType
+    pb2_grpc: ModuleType
+    service: str
+    """E.g. ``inference.GRPCInferenceService``."""
+    methods: frozenset[str]
+
+    def stub(self, channel: grpc.aio.Channel) -> Any:
+        """The generated stub class bound to ``channel``."""
+        return getattr(self.pb2_grpc, self.service.rsplit(".", 1)[-1] + "Stub")(channel)
+
+
+def load_grpc_stubs() -> GrpcStubs:
+    """Import the generated stubs; raises :class:`EngineUnavailableError` if they are absent."""
+    try:
+        pb2 = importlib.import_module(f"{STUBS_PACKAGE}.grpc_predict_v2_pb2")
+        pb2_grpc = importlib.import_module(f"{STUBS_PACKAGE}.grpc_predict_v2_pb2_grpc")
+    except ImportError as exc:
+        raise EngineUnavailableError(
+            f"gRPC mode needs the generated stubs {STUBS_PACKAGE}.grpc_predict_v2_pb2(_grpc), "
+            f"which this installation lacks ({exc}); benchmark over REST with --url instead"
+        ) from exc
+    for service in pb2.DESCRIPTOR.services_by_name.values():
+        methods = frozenset(method.name for method in service.methods)
+        if "ModelInfer" in methods:
+            return GrpcStubs(pb2, pb2_grpc, service.full_name, methods)
+    raise EngineUnavailableError(f"{pb2.__name__} defines no service with a ModelInfer method")
+
+
+def infer_request_bytes(stubs: GrpcStubs, payload: Payload) -> bytes:
+    """Serialise ``payload`` as a ``ModelInferRequest``.
+
+    Typed ``contents`` fields are used unless an input is FP16 or BF16, which have none; then
+    every input goes in ``raw_input_contents``, as the protocol requires.
+    """
+    request = stubs.pb2.ModelInferRequest(model_name=payload.model)
+    use_raw = any(item.datatype not in _CONTENTS_FIELD for item in payload.inputs)
+    for item in payload.inputs:
+        tensor = request.inputs.add(name=item.name, datatype=item.datatype, shape=item.shape)
+        if use_raw:
+            request.raw_input_contents.append(_raw_bytes(item))
+        elif item.datatype == "BYTES":
+            tensor.contents.bytes_contents.extend(_as_bytes(value) for value in item.data)
+        else:
+            getattr(tensor.contents, _CONTENTS_FIELD[item.datatype]).extend(item.data)
+    data: bytes = request.SerializeToString()
+    return data
+
+
+class GrpcInferClient:
+    """One ``grpc.aio`` channel shared by every session; create it inside a running loop."""
+
+    def __init__(
+        self,
+        target: str,
+        payloads: Mapping[str, Payload],
+        *,
+        timeout_s: float,
+        stubs: GrpcStubs | None = None,
+    ) -> None:
+        stubs = stubs or load_grpc_stubs()
+        self._requests = {model: infer_request_bytes(stubs, p) for model, p in payloads.items()}
+        self._channel = grpc.aio.insecure_channel(target)
+        self._call = self._channel.unary_unary(f"/{stubs.service}/ModelInfer")
+        self._timeout_s = timeout_s
+
+    def session(self) -> _GrpcSession:
+        """A session over the shared channel."""
+        return _GrpcSession(self._call, self._requests, self._timeout_s)
+
+    async def close(self) -> None:
+        """Close the channel."""
+        await self._channel.close()
+
+
+class _GrpcSession:
+    def __init__(
+        self, call: grpc.aio.UnaryUnaryMultiCallable, requests: Mapping[str, bytes], timeout_s: float
+    ) -> None:
+        self._call = call
+        self._requests = requests
+        self._timeout_s = timeout_s
+
+    async def infer(self, model: str) -> str | None:
+        try:
+            await self._call(self._requests[model], timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            return str(exc.code().name)
+        return None
+
+
+async def discover_grpc(
+    target: str,
+    models: Sequence[str],
+    *,
+    skip_metadata: Collection[str] = (),
+    timeout_s: float = 10.0,
+    stubs: GrpcStubs | None = None,
+) -> Discovery:
+    """Resolve ``models`` and fetch their metadata over gRPC.
+
+    An empty ``models`` needs a ``RepositoryIndex`` method in the inference service (Triton and
+    Seldon define one); otherwise pass the models explicitly.
+    """
+    stubs = stubs or load_grpc_stubs()
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = stubs.stub(channel)
+        try:
+            names = tuple(models) or await _ready_models(stubs, stub, target, timeout_s)
+            metadata = {}
+            for name in names:
+                if name not in skip_metadata:
+                    request = stubs.pb2.ModelMetadataRequest(name=name)
+                    response = await stub.ModelMetadata(request, timeout=timeout_s)
+                    metadata[name] = ModelMetadata(
+                        name=name,
+                        inputs=tuple(
+                            TensorSpec(t.name, t.datatype.upper(), tuple(t.shape))
+                            for t in response.inputs
+                        ),
+                    )
+        except grpc.aio.AioRpcError as exc:
+            raise TargetError(f"gRPC {target}: {exc.code().name} {exc.details()}") from exc
+    return Discovery(models=names, metadata=metadata)
+
+
+async def _ready_models(stubs: GrpcStubs, stub: Any, target: str, timeout_s: float) -> tuple[str, ...]:
+    if "RepositoryIndex" not in stubs.methods:
+        raise TargetError(f"gRPC {target}: the service has no RepositoryIndex; pass --models")
+    response = await stub.RepositoryIndex(stubs.pb2.RepositoryIndexRequest(), timeout=timeout_s)
+    names = tuple(m.name for m in response.models if (m.state or "READY").upper() == "READY")
+    if not names:
+        raise TargetError(f"gRPC {target} reports no READY models; pass --models")
+    return names
+
+
+def _raw_bytes(item: InferInput) -> bytes:
+    if item.datatype == "BYTES":
+        parts = [_as_bytes(value) for value in item.data]
+        return b"".join(len(part).to_bytes(4, "little") + part for part in parts)
+    if item.datatype == "BF16":
+        # bfloat16 is the upper half of a float32.
+        halves = np.asarray(item.data, dtype="<f4").view("<u4") >> 16
+        return halves.astype("<u2").tobytes()
+    return np.asarray(item.data, dtype=_NUMPY_DTYPE[item.datatype]).tobytes()
+
+
+def _as_bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode("utf-8")

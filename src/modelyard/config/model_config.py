@@ -1,0 +1,89 @@
+"""ModelConfig: one entry of ``models:`` in ``modelyard.yaml``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
+
+RuntimeKind = Literal["onnx", "sklearn", "python", "torch"]
+Isolation = Literal["process", "inline"]
+
+
+class VersionPolicy(BaseModel):
+    """Which versions of a model are served (Triton's ``version_policy``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    latest: PositiveInt | None = 1
+    """Serve the newest N versions (the default: only the newest)."""
+    all: bool = False
+    """Serve every version in the folder."""
+    specific: list[NonNegativeInt] | None = None
+    """Serve exactly these versions."""
+
+
+class ModelConfig(BaseModel):
+    """Configuration of one model, as written under ``models:`` in the YAML file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", max_length=128)
+    """Model name used in URLs and requests."""
+    path: str
+    """Model folder, Triton-style ``<path>/<version>/<file>``; relative to the repository."""
+    runtime: RuntimeKind = "onnx"
+    """Runtime that loads the model files."""
+    memory_mb: float | None = Field(default=None, gt=0)
+    """First guess of the footprint in MiB; replaced by the measured footprint."""
+    preload: bool = False
+    """Load at start-up; otherwise load on first request."""
+    pinned: bool = False
+    """Never evict this model."""
+    max_batch_size: NonNegativeInt = 8
+    """Largest batch handed to one runtime call (0 disables batching)."""
+    max_queue_delay_us: NonNegativeInt = 0
+    """How long the oldest queued request may wait for company (dynamic batching)."""
+    preferred_batch_sizes: list[PositiveInt] = Field(default_factory=list)
+    """Batch sizes the batcher tries to form."""
+    latency_slo_ms: float | None = Field(default=None, gt=0)
+    """Target p99; when set, batch size and delay adapt to keep under it."""
+    max_queue_size: PositiveInt = 256
+    """Requests that may wait for this model; beyond it, HTTP 429."""
+    priority: int = Field(default=3, ge=1, le=10)
+    """1 is the most important: evicted last, dequeued first."""
+    timeout_ms: PositiveInt = 10_000
+    """Default request deadline (queue plus execution); a request may shorten it."""
+    isolation: Isolation = "process"
+    """``process``: own worker process; ``inline``: in the server process (tiny models)."""
+    memory_limit_mb: float | None = Field(default=None, gt=0)
+    """Kernel-enforced memory limit of the worker; default a margin over the footprint."""
+    trusted: bool = False
+    """Allow raw pickle files (scikit-learn); never set this for files you did not make."""
+    python_class: str | None = Field(default=None, alias="class")
+    """``module:Class`` of a user model (``runtime: python``)."""
+    share_weights: bool = False
+    """Memory-map ONNX external-data weights so replicas share them."""
+    intra_op_threads: PositiveInt = 1
+    """Threads one inference may use (ONNX Runtime intra-op)."""
+    device: str = "cpu"
+    """Device whose budget the model uses."""
+    version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
+    """Which versions are served."""
+    default_version: str | None = None
+    """Version or alias used when a request names none; default: the newest served."""
+    warmup_inputs: dict[str, list[object]] | None = None
+    """Sample inputs for warm-up (nested lists by input name); default: generated."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.runtime == "python" and not self.python_class:
+            raise ValueError("runtime 'python' needs 'class: module:Class'")
+        if self.python_class and ":" not in self.python_class:
+            raise ValueError("'class' must be 'module:Class'")
+        return self
+
+    @property
+    def timeout_s(self) -> float:
+        """Default deadline in seconds."""
+        return self.timeout_ms / 1000.0

@@ -1,0 +1,157 @@
+"""ServerSettings: the process-wide configuration, from the YAML file, env and flags.
+
+Precedence, highest first: command-line flags, ``MODELYARD_*`` environment variables
+(nested with ``__``, e.g. ``MODELYARD_HTTP_PORT``), then the YAML file.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from modelyard.config.model_config import ModelConfig
+
+_FILE_DATA: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("_FILE_DATA")
+
+
+class ConfigError(Exception):
+    """A configuration mistake: names the file, the field and the reason."""
+
+
+class DeviceConfig(BaseModel):
+    """A device and the bytes loaded models may hold on it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^(cpu|cuda:\d+)$")
+    """``cpu`` or ``cuda:N``."""
+    memory_budget_mb: float | None = Field(default=None, gt=0)
+    """Budget in MiB; default: half of the host's (or device's) memory."""
+
+
+class ServerSettings(BaseSettings):
+    """Process-wide settings of one modelyard server."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MODELYARD_", env_nested_delimiter="__", frozen=True, extra="forbid"
+    )
+
+    host: str = "127.0.0.1"
+    """Address the HTTP and gRPC servers bind."""
+    http_port: int = Field(default=8080, ge=0, le=65535)
+    """REST port (0 picks a free one)."""
+    grpc_port: int | None = Field(default=8081, ge=0, le=65535)
+    """gRPC port (0 picks a free one; null disables gRPC)."""
+    model_repository: str = "."
+    """Root that relative model paths are resolved against."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log verbosity."""
+    log_format: Literal["text", "json"] = "text"
+    """``json`` writes one JSON object per line."""
+    max_request_bytes: PositiveInt = 64 * 1024 * 1024
+    """Largest request body accepted; beyond it, HTTP 413."""
+    model_control_mode: Literal["none", "explicit", "poll"] = "explicit"
+    """``explicit``: load/unload over the API; ``poll``: follow the repository folder."""
+    poll_interval_s: float = Field(default=5.0, gt=0)
+    """How often ``poll`` mode rescans the repository."""
+    require_manifest: bool = False
+    """Refuse versions without a SHA256 manifest."""
+    devices: list[DeviceConfig] = Field(default_factory=lambda: [DeviceConfig(name="cpu")])
+    """Devices and their byte budgets."""
+    models: list[ModelConfig] = Field(default_factory=list)
+    """The models this server knows."""
+    config_dir: str = "."
+    """Folder of the YAML file (set by the loader; relative paths start here)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ServerSettings:
+        names = [m.name for m in self.models]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"model names must be unique; repeated: {', '.join(dupes)}")
+        devices = {d.name for d in self.devices}
+        for m in self.models:
+            if m.device not in devices:
+                raise ValueError(f"model {m.name!r} names unknown device {m.device!r}")
+        return self
+
+    @property
+    def repository_root(self) -> Path:
+        """The model repository as an absolute path."""
+        root = Path(self.model_repository)
+        if not root.is_absolute():
+            root = Path(self.config_dir) / root
+        return root.resolve()
+
+    def model_path(self, model: ModelConfig) -> Path:
+        """The folder of ``model`` as an absolute path."""
+        p = Path(model.path)
+        return (p if p.is_absolute() else self.repository_root / p).resolve()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls))
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """Values read from the YAML file, lowest precedence."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        data = _FILE_DATA.get({})
+        return data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_FILE_DATA.get({}))
+
+
+def _format_validation_error(source: str, exc: ValidationError) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        lines.append(f"  {loc}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> ServerSettings:
+    """Build settings from ``config_file`` (YAML), the environment and ``overrides``.
+
+    ``overrides`` with value ``None`` are ignored, so CLI flags left unset fall through.
+    Raises :class:`ConfigError` with the file, field and reason of every mistake.
+    """
+    data: dict[str, Any] = {}
+    source = "<defaults>"
+    if config_file is not None:
+        path = Path(config_file)
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping, got {type(loaded).__name__}")
+        data = loaded
+        data.setdefault("config_dir", str(path.resolve().parent))
+    token = _FILE_DATA.set(data)
+    try:
+        return ServerSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(source, exc)) from exc
+    finally:
+        _FILE_DATA.reset(token)

@@ -1,0 +1,165 @@
+"""The error taxonomy: one transport-free code per kind of failure.
+
+Front ends own the tables that map an :class:`ErrorCode` to a wire status
+(``frontends/http/errors.py`` and ``frontends/grpc/errors.py``); nothing else
+knows about HTTP or gRPC.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar
+
+
+class ErrorCode(StrEnum):
+    """Transport-free error codes, one per row of the error table."""
+
+    MODEL_NOT_FOUND = "model_not_found"
+    INVALID_INPUT = "invalid_input"
+    MODEL_NOT_READY = "model_not_ready"
+    STATE_CONFLICT = "state_conflict"
+    OVERLOADED = "overloaded"
+    MEMORY_BUDGET = "memory_budget"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    CANCELLED = "cancelled"
+    WORKER_CRASHED = "worker_crashed"
+    MODEL_LOAD_FAILED = "model_load_failed"
+    CIRCUIT_OPEN = "circuit_open"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    NOT_SUPPORTED = "not_supported"
+    INTERNAL = "internal"
+
+
+class ServerError(Exception):
+    """Base of every error the server reports to a client."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+
+class InternalError(ServerError):
+    """Anything not foreseen; the message still says what happened."""
+
+    code = ErrorCode.INTERNAL
+
+
+class ModelNotFoundError(ServerError):
+    """The model (or the version of it) named by the request does not exist."""
+
+    code = ErrorCode.MODEL_NOT_FOUND
+
+
+class InvalidInputError(ServerError):
+    """The request is malformed: JSON, datatype, shape, missing or unknown tensor."""
+
+    code = ErrorCode.INVALID_INPUT
+
+
+class PayloadTooLargeError(ServerError):
+    """The request body is over the configured size limit."""
+
+    code = ErrorCode.PAYLOAD_TOO_LARGE
+
+
+class ModelNotReadyError(ServerError):
+    """The model exists but cannot serve now (loading, unloading, failed, restarting)."""
+
+    code = ErrorCode.MODEL_NOT_READY
+    retryable = True
+
+
+class ModelStateConflictError(ServerError):
+    """A lifecycle verb conflicts with the model's current state."""
+
+    code = ErrorCode.STATE_CONFLICT
+    retryable = True
+
+
+class OverloadedError(ServerError):
+    """A bounded queue is full; the request was refused at once."""
+
+    code = ErrorCode.OVERLOADED
+    retryable = True
+
+
+class MemoryBudgetError(ServerError):
+    """No room on the device even after every allowed eviction."""
+
+    code = ErrorCode.MEMORY_BUDGET
+    retryable = True
+
+
+class DeadlineExceededError(ServerError):
+    """The request's deadline passed while it was queued or running."""
+
+    code = ErrorCode.DEADLINE_EXCEEDED
+
+
+class RequestCancelledError(ServerError):
+    """The client went away before its answer was ready."""
+
+    code = ErrorCode.CANCELLED
+
+
+class WorkerCrashedError(ServerError):
+    """The worker process serving the request died; the request failed with it."""
+
+    code = ErrorCode.WORKER_CRASHED
+    retryable = True
+
+
+class ModelLoadError(ServerError):
+    """Loading the model failed (bad file, runtime error, failed verification)."""
+
+    code = ErrorCode.MODEL_LOAD_FAILED
+
+
+class CircuitOpenError(ServerError):
+    """The model's circuit breaker is open; requests fail fast until it probes again."""
+
+    code = ErrorCode.CIRCUIT_OPEN
+    retryable = True
+
+
+class NotSupportedError(ServerError):
+    """The request asks for something this server or model does not do."""
+
+    code = ErrorCode.NOT_SUPPORTED
+
+
+_BY_CODE: dict[ErrorCode, type[ServerError]] = {
+    cls.code: cls
+    for cls in (
+        InternalError,
+        ModelNotFoundError,
+        InvalidInputError,
+        PayloadTooLargeError,
+        ModelNotReadyError,
+        ModelStateConflictError,
+        OverloadedError,
+        MemoryBudgetError,
+        DeadlineExceededError,
+        RequestCancelledError,
+        WorkerCrashedError,
+        ModelLoadError,
+        CircuitOpenError,
+        NotSupportedError,
+    )
+}
+
+
+def error_from_code(code: str, message: str) -> ServerError:
+    """Rebuild a typed error from its code (as sent by a worker); unknown codes are internal."""
+    try:
+        cls = _BY_CODE[ErrorCode(code)]
+    except ValueError:
+        cls = InternalError
+    return cls(message)

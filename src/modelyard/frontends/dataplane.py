@@ -1,0 +1,202 @@
+"""The protocol-neutral data plane: REST and gRPC both call these methods.
+
+It validates a decoded request against the model's metadata, routes it to a ready
+version (hot-loading it if needed, within the request's deadline), hands it to the
+model's scheduler, and wraps the outputs. It never touches a worker directly.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from modelyard import __version__
+from modelyard.errors import InvalidInputError, ModelNotReadyError
+from modelyard.manager.manager import ModelManager
+from modelyard.manager.records import ModelRecord
+from modelyard.manager.states import ModelState
+from modelyard.protocol.tensors import output_from_array
+from modelyard.protocol.types import InferOutput, InferRequest, InferResponse
+from modelyard.runtimes.base import TensorSpec
+
+SERVER_NAME = "modelyard"
+EXTENSIONS = ["model_repository", "binary_tensor_data", "schedule_policy", "statistics"]
+
+_PLATFORMS = {
+    "onnx": "onnxruntime_onnx",
+    "sklearn": "sklearn",
+    "python": "python",
+    "torch": "pytorch_torchscript",
+}
+
+
+def _shape_matches(spec: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    return len(spec) == len(shape) and all(s < 0 or s == d for s, d in zip(spec, shape, strict=True))
+
+
+class DataPlane:
+    """Health, metadata, inference and repository verbs, whatever the transport."""
+
+    def __init__(self, manager: ModelManager) -> None:
+        self.manager = manager
+        self.is_serving = False
+        """Set by the app once start-up finished; cleared when shutdown starts."""
+
+    # ------------------------------------------------------------------ health
+
+    def live(self) -> bool:
+        """The process is up and its event loop answers."""
+        return True
+
+    def ready(self) -> bool:
+        """The server accepts inference requests (started, not shutting down)."""
+        return self.is_serving
+
+    def model_ready(self, name: str, version: str | None) -> bool:
+        """True when that version can serve now (its worker alive)."""
+        return self.manager.resolve(name, version).is_ready
+
+    # ------------------------------------------------------------------ metadata
+
+    def server_metadata(self) -> dict[str, object]:
+        """``{"name", "version", "extensions"}``."""
+        return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
+
+    def model_metadata(self, name: str, version: str | None) -> dict[str, object]:
+        """The protocol's model metadata; tensors are known once the model has loaded."""
+        record = self.manager.resolve(name, version)
+        entry = self.manager.entry(name)
+        meta: dict[str, object] = {
+            "name": name,
+            "versions": sorted(entry.versions, key=int),
+            "platform": _PLATFORMS.get(record.config.runtime, record.config.runtime),
+            "inputs": [],
+            "outputs": [],
+        }
+        if record.info is not None:
+            meta["inputs"] = [t.to_dict() for t in record.info.inputs]
+            meta["outputs"] = [t.to_dict() for t in record.info.outputs]
+        return meta
+
+    async def model_metadata_loaded(self, name: str, version: str | None) -> dict[str, object]:
+        """Metadata, loading the model first if its tensors are not known yet."""
+        record = self.manager.resolve(name, version)
+        if record.info is None:
+            await self.manager.ensure_ready(
+                record, deadline=time.monotonic() + record.config.timeout_s
+            )
+        return self.model_metadata(name, version)
+
+    # ------------------------------------------------------------------ inference
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Validate, route (hot-loading if needed), schedule, run, and wrap one request."""
+        if not self.is_serving:
+            raise ModelNotReadyError("server is not ready (starting or shutting down)")
+        manager = self.manager
+        record = manager.resolve(request.model_name, request.model_version)
+        timeout_s = record.config.timeout_s
+        if request.timeout_s is not None:
+            if request.timeout_s <= 0:
+                raise InvalidInputError("'timeout' must be positive")
+            timeout_s = min(timeout_s, request.timeout_s)
+        deadline = time.monotonic() + timeout_s
+        manager.touch(record)
+        if not record.is_ready:
+            await manager.ensure_ready(record, deadline=deadline)
+        info = record.info
+        assert info is not None
+        inputs = self._validate(record, request, info.inputs)
+        scheduler = record.scheduler
+        if scheduler is None:
+            raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
+        outputs = await scheduler.submit(inputs, priority=request.priority, deadline=deadline)
+        return InferResponse(
+            model_name=record.key.name,
+            model_version=record.key.version,
+            outputs=self._outputs(request, outputs, info.outputs),
+            id=request.id,
+        )
+
+    @staticmethod
+    def _validate(
+        record: ModelRecord, request: InferRequest, specs: list[TensorSpec]
+    ) -> dict[str, np.ndarray]:
+        by_name = {s.name: s for s in specs}
+        inputs: dict[str, np.ndarray] = {}
+        for tensor in request.inputs:
+            spec = by_name.get(tensor.name)
+            if spec is None:
+                raise InvalidInputError(
+                    f"model {record.key.name!r} has no input {tensor.name!r}; "
+                    f"inputs are: {', '.join(by_name)}"
+                )
+            if tensor.name in inputs:
+                raise InvalidInputError(f"input {tensor.name!r} is given twice")
+            if tensor.datatype != spec.datatype:
+                raise InvalidInputError(
+                    f"input {tensor.name!r}: datatype {tensor.datatype} does not match the "
+                    f"model's {spec.datatype}"
+                )
+            if not _shape_matches(spec.shape, tensor.shape):
+                raise InvalidInputError(
+                    f"input {tensor.name!r}: shape {list(tensor.shape)} does not match the "
+                    f"model's {list(spec.shape)} (-1 means any size)"
+                )
+            inputs[tensor.name] = tensor.array
+        missing = [name for name in by_name if name not in inputs]
+        if missing:
+            raise InvalidInputError(
+                f"model {record.key.name!r} needs input(s) {', '.join(missing)}, not given"
+            )
+        return inputs
+
+    @staticmethod
+    def _outputs(
+        request: InferRequest, outputs: dict[str, np.ndarray], specs: list[TensorSpec]
+    ) -> list[InferOutput]:
+        if request.outputs:
+            result = []
+            for wanted in request.outputs:
+                if wanted.name not in outputs:
+                    raise InvalidInputError(
+                        f"requested output {wanted.name!r} does not exist; outputs are: "
+                        f"{', '.join(outputs)}"
+                    )
+                out = output_from_array(wanted.name, outputs[wanted.name])
+                out.parameters = dict(wanted.parameters)
+                result.append(out)
+            return result
+        order = [s.name for s in specs if s.name in outputs] or list(outputs)
+        return [output_from_array(name, outputs[name]) for name in order]
+
+    # ------------------------------------------------------------------ repository
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """``[{"name", "version", "state", "reason"}]`` for every known version."""
+        rows: list[dict[str, Any]] = []
+        for record in self.manager.records():
+            if ready_only and not record.is_ready:
+                continue
+            state = record.state
+            if state is ModelState.READY and not record.is_ready:
+                state = ModelState.LOADING
+            rows.append(
+                {
+                    "name": record.key.name,
+                    "version": record.key.version,
+                    "state": state.value,
+                    "reason": record.reason,
+                }
+            )
+        return rows
+
+    async def load(self, name: str) -> None:
+        """Load the model's default version (repository extension)."""
+        await self.manager.load(name)
+
+    async def unload(self, name: str) -> None:
+        """Unload every loaded version of the model (repository extension)."""
+        await self.manager.unload(name)

@@ -1,0 +1,1 @@
+"""The KServe v2 (Open Inference Protocol) gRPC front end."""

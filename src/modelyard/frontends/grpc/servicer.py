@@ -1,0 +1,235 @@
+"""The thin gRPC servicer: convert the message, call the data plane, convert back.
+
+Every handler runs inside :func:`_translated`, which turns a :class:`ServerError` into
+the status of its code (``errors.GRPC_STATUS``) and anything unforeseen into INTERNAL.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol, TypeVar
+
+import grpc
+
+from modelyard.errors import (
+    DeadlineExceededError,
+    ErrorCode,
+    InvalidInputError,
+    ModelNotReadyError,
+    NotSupportedError,
+    ServerError,
+)
+from modelyard.frontends.grpc.convert import (
+    parameters_to_proto,
+    request_from_proto,
+    response_to_proto,
+)
+from modelyard.frontends.grpc.errors import grpc_status
+from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
+from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from modelyard.protocol.types import InferRequest, InferResponse
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+_Self = TypeVar("_Self")
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+
+# Codes whose clients should back off and retry; mirrors the REST Retry-After header.
+_RETRY_LATER = (ErrorCode.OVERLOADED, ErrorCode.MEMORY_BUDGET, ErrorCode.CIRCUIT_OPEN)
+
+
+class DataPlaneProtocol(Protocol):
+    """What the servicer needs of ``modelyard.frontends.dataplane.DataPlane``."""
+
+    def live(self) -> bool: ...
+
+    def ready(self) -> bool: ...
+
+    def model_ready(self, name: str, version: str | None) -> bool: ...
+
+    def server_metadata(self) -> dict[str, object]: ...
+
+    async def model_metadata_loaded(self, name: str, version: str | None) -> dict[str, object]: ...
+
+    async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]: ...
+
+    async def load(self, name: str) -> None: ...
+
+    async def unload(self, name: str) -> None: ...
+
+
+def _retry_metadata(exc: ServerError) -> tuple[tuple[str, str], ...]:
+    if exc.retry_after_s is not None:
+        return (("retry-after", str(max(1, math.ceil(exc.retry_after_s)))),)
+    if exc.code in _RETRY_LATER:
+        return (("retry-after", "1"),)
+    return ()
+
+
+def _translated(
+    handler: Callable[[_Self, _Req, Context], Awaitable[_Resp]],
+) -> Callable[[_Self, _Req, Context], Awaitable[_Resp]]:
+    """Run ``handler``; abort the RPC with the status its error maps to."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: _Self, request: _Req, context: Context) -> _Resp:
+        try:
+            return await handler(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except ServerError as exc:
+            await context.abort(grpc_status(exc.code), exc.message, _retry_metadata(exc))
+        except Exception as exc:
+            log.exception("gRPC %s failed with an unexpected error", handler.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+
+    return wrapper
+
+
+def _version(version: str) -> str | None:
+    return version or None
+
+
+def _model_name(name: str) -> str:
+    if not name:
+        raise InvalidInputError("a model name is required")
+    return name
+
+
+def _tensor_metadata(
+    target: pb.ModelMetadataResponse.TensorMetadata, spec: Mapping[str, Any]
+) -> None:
+    target.name = str(spec["name"])
+    target.datatype = str(spec["datatype"])
+    target.shape.extend(int(d) for d in spec["shape"])
+    parameters_to_proto(spec.get("parameters") or {}, target.parameters)
+
+
+# Triton's load parameters replace the model's config or files; modelyard loads only
+# what its repository holds, so it refuses them rather than silently ignoring them.
+def _check_load_parameters(params: Mapping[str, pb.ModelRepositoryParameter]) -> None:
+    for key in params:
+        if key == "config" or key.startswith("file:"):
+            raise NotSupportedError(
+                f"load parameter {key!r} is not supported; models load from the repository"
+            )
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """``inference.GRPCInferenceService`` over a protocol-neutral data plane."""
+
+    def __init__(self, dataplane: DataPlaneProtocol) -> None:
+        self.dataplane = dataplane
+
+    @_translated
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: Context
+    ) -> pb.ServerLiveResponse:
+        """Whether the process is up."""
+        return pb.ServerLiveResponse(live=self.dataplane.live())
+
+    @_translated
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: Context
+    ) -> pb.ServerReadyResponse:
+        """Whether the server accepts inference requests."""
+        return pb.ServerReadyResponse(ready=self.dataplane.ready())
+
+    @_translated
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: Context
+    ) -> pb.ModelReadyResponse:
+        """Whether that model version can serve now; NOT_FOUND for an unknown model."""
+        ready = self.dataplane.model_ready(_model_name(request.name), _version(request.version))
+        return pb.ModelReadyResponse(ready=ready)
+
+    @_translated
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Context
+    ) -> pb.ServerMetadataResponse:
+        """Server name, version and protocol extensions."""
+        meta = self.dataplane.server_metadata()
+        extensions: Any = meta.get("extensions") or []
+        return pb.ServerMetadataResponse(
+            name=str(meta["name"]),
+            version=str(meta["version"]),
+            extensions=[str(e) for e in extensions],
+        )
+
+    @_translated
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: Context
+    ) -> pb.ModelMetadataResponse:
+        """The model's versions, platform and tensors (loading it to learn them)."""
+        meta: Mapping[str, Any] = await self.dataplane.model_metadata_loaded(
+            _model_name(request.name), _version(request.version)
+        )
+        response = pb.ModelMetadataResponse(
+            name=str(meta["name"]),
+            versions=[str(v) for v in meta.get("versions") or []],
+            platform=str(meta.get("platform") or ""),
+        )
+        for spec in meta.get("inputs") or []:
+            _tensor_metadata(response.inputs.add(), spec)
+        for spec in meta.get("outputs") or []:
+            _tensor_metadata(response.outputs.add(), spec)
+        parameters_to_proto(meta.get("parameters") or {}, response.parameters)
+        return response
+
+    @_translated
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: Context
+    ) -> pb.ModelInferResponse:
+        """Run one inference; the client's deadline can only shorten the timeout."""
+        infer_request = request_from_proto(request)
+        remaining_s = context.time_remaining()
+        if remaining_s is not None:
+            if remaining_s <= 0:
+                raise DeadlineExceededError("the client's deadline passed before inference began")
+            if infer_request.timeout_s is None or remaining_s < infer_request.timeout_s:
+                infer_request.timeout_s = remaining_s
+        response = await self.dataplane.infer(infer_request)
+        return response_to_proto(response)
+
+    @_translated
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Context
+    ) -> pb.RepositoryIndexResponse:
+        """Every known model version and its state (``repository_name`` is ignored)."""
+        response = pb.RepositoryIndexResponse()
+        for row in self.dataplane.repository_index(ready_only=request.ready):
+            response.models.add(
+                name=str(row["name"]),
+                version=str(row.get("version") or ""),
+                state=str(row.get("state") or ""),
+                reason=str(row.get("reason") or ""),
+            )
+        return response
+
+    @_translated
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Context
+    ) -> pb.RepositoryModelLoadResponse:
+        """Load (or reload) a model; returns once it is ready, as the REST verb does."""
+        name = _model_name(request.model_name)
+        _check_load_parameters(request.parameters)
+        await self.dataplane.load(name)
+        if not self.dataplane.model_ready(name, None):
+            raise ModelNotReadyError(f"model {name!r} did not become ready")
+        return pb.RepositoryModelLoadResponse()
+
+    @_translated
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Context
+    ) -> pb.RepositoryModelUnloadResponse:
+        """Unload every loaded version of a model (parameters are ignored)."""
+        await self.dataplane.unload(_model_name(request.model_name))
+        return pb.RepositoryModelUnloadResponse()

@@ -1,0 +1,278 @@
+"""The REST front end: Open Inference Protocol routes plus ``/predict``; nothing else.
+
+Each handler decodes, calls the data plane, encodes. Every ServerError becomes the
+protocol's ``{"error": ...}`` body through one handler; anything unforeseen becomes
+a 500 with its message, and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from modelyard.errors import (
+    InternalError,
+    InvalidInputError,
+    ModelNotReadyError,
+    PayloadTooLargeError,
+    ServerError,
+)
+from modelyard.frontends.dataplane import DataPlane
+from modelyard.frontends.http.codec import HEADER_LENGTH, decode_request, encode_response
+from modelyard.frontends.http.errors import error_response
+from modelyard.protocol.datatypes import numpy_dtype
+from modelyard.protocol.types import InferInput, InferRequest
+
+log = logging.getLogger("modelyard.http")
+
+Handler = Callable[[Request], Awaitable[Response]]
+JSON = {"content-type": "application/json"}
+
+
+def json_response(doc: object, status: int = 200) -> Response:
+    """A JSON response serialised with orjson (numpy arrays allowed)."""
+    return Response(
+        orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status, headers=JSON
+    )
+
+
+def _guard(handler: Handler) -> Handler:
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ServerError as exc:
+            return error_response(exc)
+        except Exception as exc:  # the server must keep serving whatever happened
+            log.exception("unhandled error in %s %s", request.method, request.url.path)
+            return error_response(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+
+    return wrapped
+
+
+class RestApi:
+    """Route handlers bound to one data plane."""
+
+    def __init__(self, dataplane: DataPlane, max_request_bytes: int) -> None:
+        self.dp = dataplane
+        self.max_request_bytes = max_request_bytes
+
+    async def _body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        limit = self.max_request_bytes
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLargeError(
+                f"request body of {int(declared)} bytes is over the {limit}-byte limit"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLargeError(f"request body is over the {limit}-byte limit")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _json_body(self, request: Request, *, allow_empty: bool = True) -> dict[str, Any]:
+        body = await self._body(request)
+        if not body.strip():
+            if allow_empty:
+                return {}
+            raise InvalidInputError("request body is empty")
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise InvalidInputError("request body must be a JSON object")
+        return doc
+
+    # ------------------------------------------------------------------ health / metadata
+
+    async def live(self, request: Request) -> Response:
+        """200 while the process is up."""
+        return json_response({"live": self.dp.live()})
+
+    async def ready(self, request: Request) -> Response:
+        """200 when serving, 503 while starting or shutting down."""
+        ok = self.dp.ready()
+        return json_response({"ready": ok}, 200 if ok else 503)
+
+    async def server_metadata(self, request: Request) -> Response:
+        """``GET /v2``."""
+        return json_response(self.dp.server_metadata())
+
+    async def model_metadata(self, request: Request) -> Response:
+        """``GET /v2/models/{m}[/versions/{v}]``; loads the model to learn its tensors."""
+        p = request.path_params
+        return json_response(await self.dp.model_metadata_loaded(p["model"], p.get("version")))
+
+    async def model_ready(self, request: Request) -> Response:
+        """200 when that model version can serve now, 400 when not (as Triton)."""
+        p = request.path_params
+        ok = self.dp.model_ready(p["model"], p.get("version"))
+        return json_response(
+            {"name": p["model"], "ready": ok}, 200 if ok else 400
+        )
+
+    # ------------------------------------------------------------------ inference
+
+    async def infer(self, request: Request) -> Response:
+        """``POST /v2/models/{m}[/versions/{v}]/infer`` (JSON or binary tensors)."""
+        p = request.path_params
+        body = await self._body(request)
+        req = decode_request(body, request.headers.get(HEADER_LENGTH), p["model"], p.get("version"))
+        timeout_header = request.headers.get("x-modelyard-timeout-ms")
+        if timeout_header is not None:
+            try:
+                header_s = float(timeout_header) / 1000.0
+            except ValueError:
+                raise InvalidInputError("X-Modelyard-Timeout-Ms must be a number") from None
+            req.timeout_s = header_s if req.timeout_s is None else min(req.timeout_s, header_s)
+        resp = await self.dp.infer(req)
+        payload, header_len = encode_response(resp, req)
+        if header_len is None:
+            return Response(payload, headers=JSON)
+        return Response(
+            payload,
+            headers={
+                "content-type": "application/octet-stream",
+                "inference-header-content-length": str(header_len),
+            },
+        )
+
+    async def predict(self, request: Request) -> Response:
+        """``POST /predict {"model", "version"?, "inputs": {name: nested list}} | "text"``."""
+        doc = await self._json_body(request, allow_empty=False)
+        model = doc.get("model")
+        if not isinstance(model, str) or not model:
+            raise InvalidInputError("'model' must be a non-empty string")
+        version = doc.get("version")
+        if version is not None:
+            version = str(version)
+        meta = await self.dp.model_metadata_loaded(model, version)
+        specs: list[dict[str, Any]] = meta["inputs"]  # type: ignore[assignment]
+        raw = doc.get("inputs")
+        if raw is None and "text" in doc:
+            if len(specs) != 1 or specs[0]["datatype"] != "BYTES":
+                raise InvalidInputError(
+                    f"'text' needs a model with one BYTES input; {model!r} has "
+                    f"{', '.join(s['name'] + ':' + s['datatype'] for s in specs)}"
+                )
+            text = doc["text"]
+            texts = [text] if isinstance(text, str) else text
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise InvalidInputError("'text' must be a string or a list of strings")
+            raw = {specs[0]["name"]: texts}
+        if not isinstance(raw, dict) or not raw:
+            raise InvalidInputError("'inputs' must be an object of input name → nested list")
+        by_name = {s["name"]: s for s in specs}
+        inputs = []
+        for name, value in raw.items():
+            spec = by_name.get(name)
+            if spec is None:
+                raise InvalidInputError(
+                    f"model {model!r} has no input {name!r}; inputs are: {', '.join(by_name)}"
+                )
+            datatype = spec["datatype"]
+            try:
+                if datatype == "BYTES":
+                    arr = np.array(value, dtype=object)
+                    arr = np.vectorize(
+                        lambda v: v.encode() if isinstance(v, str) else v, otypes=[object]
+                    )(arr)
+                else:
+                    arr = np.asarray(value, dtype=numpy_dtype(datatype))
+            except (ValueError, TypeError) as exc:
+                raise InvalidInputError(f"input {name!r}: cannot read as {datatype}: {exc}") from None
+            # A single example is promoted to a batch of one when the model wants a batch.
+            if arr.ndim == len(spec["shape"]) - 1:
+                arr = arr[np.newaxis, ...]
+            inputs.append(InferInput(name, datatype, tuple(arr.shape), arr))
+        req = InferRequest(model_name=model, model_version=version, inputs=inputs)
+        resp = await self.dp.infer(req)
+        return json_response(
+            {
+                "model": resp.model_name,
+                "version": resp.model_version,
+                "outputs": {
+                    o.name: (
+                        [b.decode("utf-8", "replace") for b in o.array.reshape(-1)]
+                        if o.datatype == "BYTES"
+                        else o.array
+                    )
+                    for o in resp.outputs
+                },
+            }
+        )
+
+    # ------------------------------------------------------------------ repository
+
+    async def repository_index(self, request: Request) -> Response:
+        """``POST /v2/repository/index {"ready": bool}``."""
+        doc = await self._json_body(request)
+        return json_response(self.dp.repository_index(bool(doc.get("ready", False))))
+
+    async def repository_load(self, request: Request) -> Response:
+        """``POST /v2/repository/models/{m}/load``: returns once loaded (or failed)."""
+        await self._json_body(request)
+        name = request.path_params["model"]
+        await self.dp.load(name)
+        if not self.dp.model_ready(name, None):
+            raise ModelNotReadyError(f"model {name!r} did not become ready")
+        return Response(b"", status_code=200)
+
+    async def repository_unload(self, request: Request) -> Response:
+        """``POST /v2/repository/models/{m}/unload``."""
+        await self._json_body(request)
+        await self.dp.unload(request.path_params["model"])
+        return Response(b"", status_code=200)
+
+    def routes(self) -> list[BaseRoute]:
+        """Every route of the REST API."""
+        g = _guard
+        m = "/v2/models/{model}"
+        mv = "/v2/models/{model}/versions/{version}"
+        return [
+            Route("/v2/health/live", g(self.live), methods=["GET"]),
+            Route("/v2/health/ready", g(self.ready), methods=["GET"]),
+            Route("/v2", g(self.server_metadata), methods=["GET"]),
+            Route(m, g(self.model_metadata), methods=["GET"]),
+            Route(mv, g(self.model_metadata), methods=["GET"]),
+            Route(m + "/ready", g(self.model_ready), methods=["GET"]),
+            Route(mv + "/ready", g(self.model_ready), methods=["GET"]),
+            Route(m + "/infer", g(self.infer), methods=["POST"]),
+            Route(mv + "/infer", g(self.infer), methods=["POST"]),
+            Route("/predict", g(self.predict), methods=["POST"]),
+            Route("/v2/repository/index", g(self.repository_index), methods=["POST"]),
+            Route("/v2/repository/models/{model}/load", g(self.repository_load), methods=["POST"]),
+            Route(
+                "/v2/repository/models/{model}/unload", g(self.repository_unload), methods=["POST"]
+            ),
+        ]
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return json_response({"error": f"no route for {request.method} {request.url.path}"}, 404)
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> Response:
+    return json_response({"error": f"{request.method} is not allowed on {request.url.path}"}, 405)
+
+
+def create_app(
+    dataplane: DataPlane, max_request_bytes: int, extra_routes: list[BaseRoute] | None = None
+) -> Starlette:
+    """The ASGI app: protocol routes, plus ``extra_routes`` (metrics, dashboard, admin)."""
+    api = RestApi(dataplane, max_request_bytes)
+    return Starlette(
+        routes=[*api.routes(), *(extra_routes or [])],
+        exception_handlers={404: _not_found, 405: _method_not_allowed},
+    )

@@ -1,0 +1,123 @@
+"""REST bodies ⇄ protocol objects: JSON tensors and the binary-tensor extension."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from modelyard.errors import InvalidInputError
+from modelyard.protocol.tensors import binary_bytes, decode_input, json_data
+from modelyard.protocol.types import InferRequest, InferResponse, RequestedOutput
+
+HEADER_LENGTH = "inference-header-content-length"
+
+
+def _parameters(value: object, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidInputError(f"{where}: 'parameters' must be an object")
+    return dict(value)
+
+
+def decode_request(
+    body: bytes, header_length: str | None, model_name: str, model_version: str | None
+) -> InferRequest:
+    """Parse a v2 infer body (JSON, or JSON header plus binary tensors)."""
+    binary: memoryview | None = None
+    raw_json: bytes | memoryview = body
+    if header_length is not None:
+        try:
+            n = int(header_length)
+        except ValueError:
+            raise InvalidInputError(
+                f"Inference-Header-Content-Length must be an integer, got {header_length!r}"
+            ) from None
+        if n < 0 or n > len(body):
+            raise InvalidInputError(
+                f"Inference-Header-Content-Length {n} is outside the {len(body)}-byte body"
+            )
+        view = memoryview(body)
+        raw_json, binary = view[:n], view[n:]
+    try:
+        doc = orjson.loads(raw_json)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInputError("request body must be a JSON object")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidInputError("request needs a non-empty 'inputs' list")
+    offset = 0
+    inputs = []
+    for spec in raw_inputs:
+        tensor, offset = decode_input(spec, binary, offset)
+        inputs.append(tensor)
+    if binary is not None and offset != len(binary):
+        raise InvalidInputError(
+            f"binary part has {len(binary) - offset} bytes not claimed by any input"
+        )
+    params = _parameters(doc.get("parameters"), "request")
+    outputs = None
+    raw_outputs = doc.get("outputs")
+    if raw_outputs is not None:
+        if not isinstance(raw_outputs, list):
+            raise InvalidInputError("'outputs' must be a list")
+        outputs = []
+        for o in raw_outputs:
+            if not isinstance(o, Mapping) or not isinstance(o.get("name"), str):
+                raise InvalidInputError("each entry of 'outputs' needs a string 'name'")
+            outputs.append(RequestedOutput(o["name"], _parameters(o.get("parameters"), o["name"])))
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInputError("'id' must be a string")
+    priority = params.get("priority")
+    if priority is not None and (not isinstance(priority, int) or priority < 1):
+        raise InvalidInputError("parameter 'priority' must be a positive integer")
+    timeout_us = params.get("timeout")
+    if timeout_us is not None and (not isinstance(timeout_us, int | float) or timeout_us <= 0):
+        raise InvalidInputError("parameter 'timeout' must be a positive number of microseconds")
+    return InferRequest(
+        model_name=model_name,
+        model_version=model_version,
+        inputs=inputs,
+        id=request_id,
+        outputs=outputs,
+        parameters=params,
+        priority=priority,
+        timeout_s=None if timeout_us is None else float(timeout_us) / 1e6,
+    )
+
+
+def encode_response(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:
+    """The response body, and the JSON header length when binary outputs follow it."""
+    binary_default = bool(request.parameters.get("binary_data_output", False))
+    outputs_json: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    for out in response.outputs:
+        entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": list(out.shape)}
+        params = {k: v for k, v in out.parameters.items() if k != "binary_data"}
+        if out.parameters.get("binary_data", binary_default):
+            raw = binary_bytes(out)
+            params["binary_data_size"] = len(raw)
+            chunks.append(raw)
+        else:
+            entry["data"] = json_data(out)
+        if params:
+            entry["parameters"] = params
+        outputs_json.append(entry)
+    doc: dict[str, Any] = {
+        "model_name": response.model_name,
+        "model_version": response.model_version,
+        "outputs": outputs_json,
+    }
+    if response.id is not None:
+        doc["id"] = response.id
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    header = orjson.dumps(doc)
+    if not chunks:
+        return header, None
+    return header + b"".join(chunks), len(header)

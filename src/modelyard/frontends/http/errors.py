@@ -1,0 +1,41 @@
+"""ErrorCode → HTTP status, and the protocol's error body."""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+from starlette.responses import Response
+
+from modelyard.errors import ErrorCode, ServerError
+
+HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.MODEL_NOT_FOUND: 404,
+    ErrorCode.INVALID_INPUT: 400,
+    ErrorCode.MODEL_NOT_READY: 503,
+    ErrorCode.STATE_CONFLICT: 409,
+    ErrorCode.OVERLOADED: 429,
+    ErrorCode.MEMORY_BUDGET: 503,
+    ErrorCode.DEADLINE_EXCEEDED: 504,
+    ErrorCode.CANCELLED: 499,
+    ErrorCode.WORKER_CRASHED: 503,
+    ErrorCode.MODEL_LOAD_FAILED: 500,
+    ErrorCode.CIRCUIT_OPEN: 503,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.NOT_SUPPORTED: 501,
+    ErrorCode.INTERNAL: 500,
+}
+
+
+def error_response(exc: ServerError) -> Response:
+    """``{"error": message}`` with the code's status and, when retryable, Retry-After."""
+    headers = {"content-type": "application/json"}
+    if exc.retry_after_s is not None:
+        headers["retry-after"] = str(max(1, math.ceil(exc.retry_after_s)))
+    elif exc.code in (ErrorCode.OVERLOADED, ErrorCode.MEMORY_BUDGET, ErrorCode.CIRCUIT_OPEN):
+        headers["retry-after"] = "1"
+    return Response(
+        orjson.dumps({"error": exc.message}),
+        status_code=HTTP_STATUS[exc.code],
+        headers=headers,
+    )

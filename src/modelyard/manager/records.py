@@ -1,0 +1,103 @@
+"""ModelRecord: what the manager knows of one model version; ModelEntry: of one model."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from modelyard.config.model_config import ModelConfig
+from modelyard.manager.states import ModelState
+
+if TYPE_CHECKING:
+    from modelyard.scheduling.scheduler import ModelScheduler
+    from modelyard.workers.instance import InstanceInfo, ModelInstance
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ModelKey:
+    """A model version: ``(name, version)``; ``"name:version"`` only at the edges."""
+
+    name: str
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.version}"
+
+
+@dataclass
+class LoadTimings:
+    """Model-switch latency of the last load, split by phase (seconds)."""
+
+    queue_wait_s: float = 0.0
+    process_start_s: float = 0.0
+    runtime_load_s: float = 0.0
+    warmup_s: float = 0.0
+    total_s: float = 0.0
+
+
+@dataclass
+class ModelStats:
+    """Per-version counters shown in the stats view."""
+
+    requests: int = 0
+    failures: int = 0
+    loads: int = 0
+    unloads: int = 0
+    evictions: int = 0
+    restarts: int = 0
+    cold_starts: int = 0
+    cold_start_s_total: float = 0.0
+    last_used: float = 0.0
+    """``time.monotonic()`` of the last request (0: never)."""
+
+
+@dataclass(eq=False)
+class ModelRecord:
+    """One version of one model and everything the manager tracks about it."""
+
+    key: ModelKey
+    config: ModelConfig
+    path: Path
+    state: ModelState = ModelState.UNLOADED
+    reason: str = ""
+    instance: ModelInstance | None = None
+    info: InstanceInfo | None = None
+    scheduler: ModelScheduler | None = None
+    load_task: asyncio.Task[None] | None = None
+    reserved_bytes: int = 0
+    measured_bytes: int | None = None
+    timings: LoadTimings = field(default_factory=LoadTimings)
+    stats: ModelStats = field(default_factory=ModelStats)
+    in_flight: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    pinned: bool = False
+    state_since: float = field(default_factory=time.monotonic)
+
+    @property
+    def is_ready(self) -> bool:
+        """True when requests can be served now."""
+        return self.state is ModelState.READY and self.instance is not None and (
+            self.instance.is_alive
+        )
+
+    @property
+    def pending(self) -> int:
+        """Requests queued or running for this version."""
+        queued = self.scheduler.pending if self.scheduler is not None else 0
+        return max(queued, self.in_flight)
+
+
+@dataclass(eq=False)
+class ModelEntry:
+    """A configured model: its config and its known versions."""
+
+    config: ModelConfig
+    path: Path
+    versions: dict[str, ModelRecord] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Alias name → version (``stable``, ``canary``, …)."""
+    default: str | None = None
+    """Version (or alias) used when a request names none."""

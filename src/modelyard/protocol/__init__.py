@@ -1,0 +1,1 @@
+"""Open Inference Protocol (KServe v2) data: datatypes, tensors, requests."""

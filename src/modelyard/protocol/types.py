@@ -1,0 +1,69 @@
+"""Protocol-neutral request and response objects shared by REST and gRPC.
+
+These are plain slotted dataclasses, not pydantic models: tensor data is already a
+numpy array by the time one is built, and the hot path must not validate per element.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class InferInput:
+    """One decoded input tensor."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    array: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """An output the client asked for, with its parameters (e.g. ``binary_data``)."""
+
+    name: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """A decoded inference request, whichever transport it came on."""
+
+    model_name: str
+    model_version: str | None
+    inputs: list[InferInput]
+    id: str | None = None
+    outputs: list[RequestedOutput] | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    priority: int | None = None
+    """1 is the highest; None means the model's own priority."""
+    timeout_s: float | None = None
+    """Client's deadline budget; may only shorten the model's ``timeout_ms``."""
+
+
+@dataclass(slots=True)
+class InferOutput:
+    """One output tensor of a response."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    array: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    """The answer to an :class:`InferRequest`."""
+
+    model_name: str
+    model_version: str
+    outputs: list[InferOutput]
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)

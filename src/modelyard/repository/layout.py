@@ -1,0 +1,38 @@
+"""Triton-style repository layout: ``<model>/<version>/…`` with integer versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from modelyard.config.model_config import VersionPolicy
+
+
+def list_versions(model_dir: Path) -> list[int]:
+    """Integer version folders of a model, ascending; hidden and other folders ignored."""
+    if not model_dir.is_dir():
+        return []
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def served_versions(model_dir: Path, policy: VersionPolicy) -> list[int]:
+    """The versions the policy serves, ascending."""
+    versions = list_versions(model_dir)
+    if policy.all:
+        return versions
+    if policy.specific is not None:
+        wanted = set(policy.specific)
+        return [v for v in versions if v in wanted]
+    n = policy.latest or 1
+    return versions[-n:]
+
+
+def version_dir(model_dir: Path, version: int) -> Path:
+    """The folder of one version."""
+    return model_dir / str(version)
+
+
+def dir_size_bytes(path: Path) -> int:
+    """Total size of the files under ``path`` (the size-based footprint guess)."""
+    if not path.exists():
+        return 0
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -1,0 +1,29 @@
+"""Runtimes behind one small interface; pick one by name with :func:`create_runtime`."""
+
+from __future__ import annotations
+
+from modelyard.runtimes.base import Runtime, RuntimeSpec, TensorSpec
+
+
+def create_runtime(kind: str) -> Runtime:
+    """A new, unloaded runtime of ``kind`` (``onnx``, ``sklearn``, ``python``, ``torch``)."""
+    if kind == "onnx":
+        from modelyard.runtimes.onnx import OnnxRuntime
+
+        return OnnxRuntime()
+    if kind == "sklearn":
+        from modelyard.runtimes.sklearn import SklearnRuntime
+
+        return SklearnRuntime()
+    if kind == "python":
+        from modelyard.runtimes.python import PythonRuntime
+
+        return PythonRuntime()
+    if kind == "torch":
+        from modelyard.runtimes.torch import TorchRuntime
+
+        return TorchRuntime()
+    raise ValueError(f"unknown runtime {kind!r}")
+
+
+__all__ = ["Runtime", "RuntimeSpec", "TensorSpec", "create_runtime"]

@@ -1,0 +1,96 @@
+"""The runtime contract: load a model version, infer on named numpy tensors, describe it.
+
+A runtime knows nothing of HTTP, queues or processes. The same object runs inline in
+the server process or inside a worker process (``workers/``), so everything that
+crosses into it is plain data: a :class:`RuntimeSpec` in, numpy arrays in and out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """Name, Open Inference Protocol datatype and shape (``-1`` = any size) of a tensor."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        """The protocol's metadata form: ``{"name", "datatype", "shape"}``."""
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeSpec:
+    """Everything a runtime needs to load one model version; picklable plain data."""
+
+    kind: str
+    """Runtime name: ``onnx``, ``sklearn``, ``python`` (``torch`` with the extra)."""
+    version_dir: str
+    """Folder of the version to load (``<repo>/<model>/<version>``)."""
+    model_name: str = ""
+    trusted: bool = False
+    """Allow raw pickle files (scikit-learn); off unless the config says so."""
+    python_class: str | None = None
+    """``module:Class`` of a user model for the ``python`` runtime."""
+    intra_op_threads: int = 1
+    """ONNX Runtime intra-op threads; 1 keeps many models from fighting over cores."""
+    share_weights: bool = False
+    """Keep ONNX external-data weights memory-mapped so replicas share the page cache."""
+    device: str = "cpu"
+    options: dict[str, str] = field(default_factory=dict)
+
+
+class Runtime(Protocol):
+    """What every runtime implements. Instances are used from one thread at a time."""
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        """Input tensors the model takes."""
+        ...
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        """Output tensors the model returns."""
+        ...
+
+    @property
+    def supports_batching(self) -> bool:
+        """True when the first dimension of every input and output is a free batch axis."""
+        ...
+
+    def load(self, spec: RuntimeSpec) -> None:
+        """Load the version named by ``spec``; raise on any failure."""
+        ...
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the model on already-validated inputs; return every output by name."""
+        ...
+
+    def close(self) -> None:
+        """Release what the runtime holds."""
+        ...
+
+
+def find_model_file(version_dir: Path, suffixes: tuple[str, ...]) -> Path:
+    """The single model file in ``version_dir`` with one of ``suffixes``.
+
+    Raises ``FileNotFoundError`` with a message naming the folder and suffixes.
+    """
+    candidates = sorted(
+        p for p in version_dir.iterdir() if p.is_file() and p.name.endswith(suffixes)
+    )
+    if not candidates:
+        raise FileNotFoundError(f"no {'/'.join(suffixes)} file in {version_dir}")
+    for preferred in ("model" + s for s in suffixes):
+        for c in candidates:
+            if c.name == preferred:
+                return c
+    return candidates[0]

@@ -1,0 +1,101 @@
+"""ONNX Runtime: the main runtime (CPU, and CUDA when its provider is present)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from modelyard.runtimes.base import RuntimeSpec, TensorSpec, find_model_file
+
+# ONNX Runtime's type strings to protocol datatypes.
+_ORT_TYPES: dict[str, str] = {
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(float16)": "FP16",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(bool)": "BOOL",
+    "tensor(string)": "BYTES",
+}
+
+
+def _dims(shape: list[object]) -> tuple[int, ...]:
+    return tuple(d if isinstance(d, int) and d >= 0 else -1 for d in shape)
+
+
+def _spec(arg: object) -> TensorSpec:
+    name: str = arg.name  # type: ignore[attr-defined]  # onnxruntime NodeArg is untyped
+    ort_type: str = arg.type  # type: ignore[attr-defined]
+    shape: list[object] = list(arg.shape or [])  # type: ignore[attr-defined]
+    return TensorSpec(name, _ORT_TYPES.get(ort_type, "BYTES"), _dims(shape))
+
+
+class OnnxRuntime:
+    """Runs one ``.onnx`` file with an ONNX Runtime ``InferenceSession``."""
+
+    def __init__(self) -> None:
+        self._session: object | None = None
+        self._inputs: list[TensorSpec] = []
+        self._outputs: list[TensorSpec] = []
+        self._output_names: list[str] = []
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        """Input tensors of the graph."""
+        return self._inputs
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        """Output tensors of the graph."""
+        return self._outputs
+
+    @property
+    def supports_batching(self) -> bool:
+        """True when every input and output has a dynamic first dimension."""
+        return all(t.shape and t.shape[0] == -1 for t in (*self._inputs, *self._outputs))
+
+    def load(self, spec: RuntimeSpec) -> None:
+        """Create the session; the model file is ``model.onnx`` or the only ``.onnx``."""
+        import onnxruntime as ort
+
+        path = find_model_file(Path(spec.version_dir), (".onnx",))
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = spec.intra_op_threads
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        if spec.share_weights:
+            # Pre-packing copies weights into private buffers; without it ORT keeps the
+            # external-data file memory-mapped, so replicas share it in the page cache.
+            opts.add_session_config_entry("session.disable_prepacking", "1")
+        providers = ["CPUExecutionProvider"]
+        if spec.device.startswith("cuda"):
+            providers.insert(0, "CUDAExecutionProvider")
+        session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+        self._session = session
+        self._inputs = [_spec(a) for a in session.get_inputs()]
+        self._outputs = [_spec(a) for a in session.get_outputs()]
+        self._output_names = [o.name for o in self._outputs]
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the session on every output."""
+        session = self._session
+        if session is None:
+            raise RuntimeError("model not loaded")
+        feeds = {
+            k: (v.astype(str) if v.dtype == object else v) for k, v in inputs.items()
+        }
+        results = session.run(self._output_names, feeds)  # type: ignore[attr-defined]
+        return {
+            name: np.asarray(value) for name, value in zip(self._output_names, results, strict=True)
+        }
+
+    def close(self) -> None:
+        """Drop the session."""
+        self._session = None

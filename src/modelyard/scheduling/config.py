@@ -1,0 +1,117 @@
+"""Static settings of one model's scheduler: batching, queue, priorities and circuit breaker.
+
+These are plain frozen dataclasses, so the scheduler does not depend on pydantic; the
+manager builds one from the model's validated ``ModelConfig`` with
+:meth:`SchedulerConfig.from_model_config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from modelyard.config.model_config import ModelConfig
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    """Settings of a model's circuit breaker (see :mod:`modelyard.scheduling.breaker`)."""
+
+    window: int = 20
+    """How many recent outcomes (one per model call) the failure ratio is computed over."""
+    failure_ratio: float = 0.5
+    """Open when failures / outcomes in the window reach this ratio."""
+    min_calls: int = 10
+    """Never open before the window holds at least this many outcomes."""
+    cooldown_s: float = 10.0
+    """How long the breaker stays open before it lets probes through."""
+    half_open_probes: int = 1
+    """Requests let through at once while half-open; the first outcome decides."""
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"breaker window must be >= 1, got {self.window}")
+        if not 0.0 < self.failure_ratio <= 1.0:
+            raise ValueError(f"breaker failure_ratio must be in (0, 1], got {self.failure_ratio}")
+        if not 1 <= self.min_calls <= self.window:
+            raise ValueError(
+                f"breaker min_calls must be in [1, window={self.window}], got {self.min_calls}"
+            )
+        if self.cooldown_s < 0:
+            raise ValueError(f"breaker cooldown_s must be >= 0, got {self.cooldown_s}")
+        if self.half_open_probes < 1:
+            raise ValueError(f"breaker half_open_probes must be >= 1, got {self.half_open_probes}")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Settings of one model's :class:`~modelyard.scheduling.scheduler.ModelScheduler`."""
+
+    max_batch_size: int = 8
+    """Most rows handed to one model call; 0 or 1 disables batching."""
+    max_queue_delay_s: float = 0.0
+    """How long the oldest request of a batch may wait for company."""
+    preferred_batch_sizes: tuple[int, ...] = ()
+    """Row counts dispatched at once, without waiting out the delay, when they can be formed."""
+    max_queue_size: int = 256
+    """Requests that may wait; beyond it ``submit`` raises ``OverloadedError`` at once."""
+    latency_slo_s: float | None = None
+    """Target p99 end-to-end latency; when set, batch size and delay adapt (AIMD) to meet it."""
+    default_priority: int = 3
+    """Priority of requests that name none; 1 is the highest."""
+    supports_batching: bool = True
+    """False: the model takes one request per call, whatever ``max_batch_size`` says."""
+    max_concurrency: int = 1
+    """Batches in flight at once (one per worker replica)."""
+    aging_s: float = 1.0
+    """A queued request's effective priority improves by one level per this many seconds."""
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    """The model's circuit breaker."""
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 0:
+            raise ValueError(f"max_batch_size must be >= 0, got {self.max_batch_size}")
+        if self.max_queue_delay_s < 0:
+            raise ValueError(f"max_queue_delay_s must be >= 0, got {self.max_queue_delay_s}")
+        if any(size < 1 for size in self.preferred_batch_sizes):
+            raise ValueError(
+                f"preferred_batch_sizes must be positive, got {self.preferred_batch_sizes}"
+            )
+        if self.max_queue_size < 1:
+            raise ValueError(f"max_queue_size must be >= 1, got {self.max_queue_size}")
+        if self.latency_slo_s is not None and self.latency_slo_s <= 0:
+            raise ValueError(f"latency_slo_s must be > 0, got {self.latency_slo_s}")
+        if self.default_priority < 1:
+            raise ValueError(f"default_priority must be >= 1, got {self.default_priority}")
+        if self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.aging_s <= 0:
+            raise ValueError(f"aging_s must be > 0, got {self.aging_s}")
+
+    @property
+    def is_batching(self) -> bool:
+        """True when requests may be combined into one model call."""
+        return self.supports_batching and self.max_batch_size > 1
+
+    @classmethod
+    def from_model_config(
+        cls,
+        model: ModelConfig,
+        *,
+        supports_batching: bool = True,
+        max_concurrency: int = 1,
+        breaker: BreakerConfig | None = None,
+    ) -> SchedulerConfig:
+        """The scheduler settings of ``model``; the caller adds what the runtime and pool know."""
+        return cls(
+            max_batch_size=model.max_batch_size,
+            max_queue_delay_s=model.max_queue_delay_us / 1_000_000,
+            preferred_batch_sizes=tuple(model.preferred_batch_sizes),
+            max_queue_size=model.max_queue_size,
+            latency_slo_s=None if model.latency_slo_ms is None else model.latency_slo_ms / 1000,
+            default_priority=model.priority,
+            supports_batching=supports_batching,
+            max_concurrency=max_concurrency,
+            breaker=breaker if breaker is not None else BreakerConfig(),
+        )

@@ -1,0 +1,540 @@
+"""ModelScheduler: one per loaded model, between the front ends and the model's workers.
+
+``submit`` admits a request (lifecycle, queue bound, circuit breaker), queues it and
+waits for its answer until its deadline. One dispatcher task forms batches
+(:mod:`~modelyard.scheduling.batcher`) from the priority queue
+(:mod:`~modelyard.scheduling.request_queue`) and starts each as a task, at most
+``max_concurrency`` at once, that calls ``execute`` and resolves the futures.
+
+Guarantees:
+
+* every admitted request gets exactly one answer: a result, a typed
+  :class:`~modelyard.errors.ServerError`, or its own cancellation;
+* a request whose deadline passes while queued is never executed; one whose deadline
+  passes while running is answered with ``DeadlineExceededError`` at its deadline (the
+  call itself goes on: ``execute`` was told the batch deadline, the earliest in it, and
+  the worker layer stops overrunning workers);
+* a submitter that is cancelled while queued takes its request out of the queue;
+* ``close()`` fails what is still queued or running with ``ModelNotReadyError`` and
+  leaves no task behind; ``drain()`` finishes everything first.
+
+Only failures that are the model's fault feed the circuit breaker: worker crashes, load
+errors, running deadlines (a raised ``DeadlineExceededError`` or a call that returned
+after the batch deadline) and internal errors. When a batch of several requests fails
+with ``InvalidInputError``, each request is run again alone, so one bad request does not
+fail its neighbours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import itertools
+import logging
+import math
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from enum import Enum
+
+import numpy as np
+
+from modelyard.clock import Clock, MonotonicClock
+from modelyard.errors import (
+    CircuitOpenError,
+    DeadlineExceededError,
+    InternalError,
+    InvalidInputError,
+    ModelLoadError,
+    ModelNotReadyError,
+    OverloadedError,
+    ServerError,
+    WorkerCrashedError,
+)
+from modelyard.scheduling.adaptive import AdaptiveBatchController
+from modelyard.scheduling.batcher import (
+    batch_key,
+    concat_inputs,
+    row_count,
+    select_batch,
+    split_outputs,
+)
+from modelyard.scheduling.breaker import BreakerState, CircuitBreaker
+from modelyard.scheduling.config import SchedulerConfig
+from modelyard.scheduling.request_queue import QueuedRequest, RequestQueue, RequestState
+
+logger = logging.getLogger(__name__)
+
+Execute = Callable[[dict[str, np.ndarray], float], Awaitable[dict[str, np.ndarray]]]
+"""``execute(batched_inputs, deadline_monotonic) -> outputs``; raises ServerError subclasses."""
+
+BatchHook = Callable[[int, list[float], float], None]
+"""``on_batch(batch_rows, queue_wait_s_per_request, compute_s)``, called after each model call."""
+
+_MODEL_FAULTS = (WorkerCrashedError, ModelLoadError, DeadlineExceededError, InternalError)
+_RETRY_AFTER_BOUNDS_S = (0.01, 30.0)
+_EWMA_ALPHA = 0.2
+
+
+class _Lifecycle(Enum):
+    NEW = "new"
+    RUNNING = "running"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+def _consume_exception(future: asyncio.Future[dict[str, np.ndarray]]) -> None:
+    # NOTE: a submitter cancelled right after its future got an exception never reads
+    # it; reading it here keeps asyncio from logging "exception was never retrieved".
+    if not future.cancelled():
+        future.exception()
+
+
+class ModelScheduler:
+    """Queue, batch and dispatch the requests of one model; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        config: SchedulerConfig,
+        execute: Execute,
+        clock: Clock | None = None,
+        *,
+        on_batch: BatchHook | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.on_batch = on_batch
+        """Metrics hook called after every model call; its failures are logged and ignored."""
+        self._execute = execute
+        self._clock: Clock = clock if clock is not None else MonotonicClock()
+        self._queue = RequestQueue(max_size=config.max_queue_size, aging_s=config.aging_s)
+        self._breaker = CircuitBreaker(config.breaker, self._clock)
+        self._adaptive: AdaptiveBatchController | None = None
+        if config.latency_slo_s is not None and config.is_batching:
+            self._adaptive = AdaptiveBatchController(
+                slo_s=config.latency_slo_s,
+                max_batch_size=config.max_batch_size,
+                initial_delay_s=config.max_queue_delay_s,
+            )
+        self._slots = asyncio.Semaphore(config.max_concurrency)
+        self._wakeup = asyncio.Event()
+        self._state = _Lifecycle.NEW
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._batches: dict[asyncio.Task[None], list[QueuedRequest]] = {}
+        self._seq = itertools.count()
+        self._counts: Counter[str] = Counter()
+        self._ewma_call_s: float | None = None
+        self._ewma_call_requests: float | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Start the dispatcher; ``submit`` is refused before this. Idempotent."""
+        if self._state is _Lifecycle.RUNNING:
+            return
+        if self._state is not _Lifecycle.NEW:
+            raise RuntimeError(f"scheduler of model {self.name!r} cannot restart once stopped")
+        self._state = _Lifecycle.RUNNING
+        self._dispatcher = asyncio.create_task(
+            self._dispatch_loop(), name=f"modelyard-scheduler-{self.name}"
+        )
+        self._dispatcher.add_done_callback(self._dispatcher_done)
+
+    async def drain(self) -> None:
+        """Refuse new requests (``ModelNotReadyError``), finish queued and running ones."""
+        if self._state is _Lifecycle.RUNNING:
+            self._state = _Lifecycle.DRAINING
+            self._wakeup.set()
+        elif self._state is _Lifecycle.NEW:
+            self._state = _Lifecycle.DRAINING
+        if self._dispatcher is not None and not self._dispatcher.done():
+            # asyncio.wait, not await: a cancelled drain must not cancel the dispatcher.
+            await asyncio.wait([self._dispatcher])
+        while self._batches:
+            await asyncio.wait(list(self._batches))
+
+    async def close(self) -> None:
+        """Fail queued and running requests with ``ModelNotReadyError``; stop every task."""
+        self._state = _Lifecycle.CLOSED
+        for request in self._queue.clear():
+            request.state = RequestState.DONE
+            self._breaker.release([request.permit])
+            self._fail(request, self._not_ready_error("closed"), "failed")
+        tasks: list[asyncio.Task[None]] = list(self._batches)
+        if self._dispatcher is not None:
+            tasks.append(self._dispatcher)
+        for task in tasks:
+            task.cancel()
+        # Batch tasks answer their requests in their done callbacks, which run before
+        # gather returns (they were registered first), even for a task that never started.
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---------------------------------------------------------------- requests
+
+    async def submit(
+        self, inputs: dict[str, np.ndarray], *, priority: int | None, deadline: float
+    ) -> dict[str, np.ndarray]:
+        """Run ``inputs`` on the model, batched with others when possible; return outputs.
+
+        ``priority`` (1 is the highest; None: the configured default) orders the queue;
+        ``deadline`` is absolute monotonic seconds (the scheduler's clock). Raises
+        ``ModelNotReadyError`` (not started, draining, closed), ``InvalidInputError``
+        (bad priority), ``OverloadedError`` (queue full), ``CircuitOpenError``,
+        ``DeadlineExceededError``, or whatever typed error the model call raised.
+        """
+        if self._state is not _Lifecycle.RUNNING:
+            self._counts["rejected_not_ready"] += 1
+            raise self._not_ready_error(self._state.value)
+        level = self.config.default_priority if priority is None else priority
+        if level < 1:
+            raise InvalidInputError(f"priority must be 1 (highest) or more, got {level}")
+        now = self._clock.monotonic()
+        if deadline <= now:
+            self._counts["expired_queued"] += 1
+            raise DeadlineExceededError(
+                f"model {self.name!r}: the deadline passed before the request was queued"
+            )
+        if self._queue.is_full:
+            self._counts["rejected_overloaded"] += 1
+            retry_after_s = self._estimate_retry_after_s()
+            raise OverloadedError(
+                f"model {self.name!r}: queue full ({len(self._queue)} requests waiting); "
+                f"retry in about {retry_after_s:.2f} s",
+                retry_after_s=retry_after_s,
+            )
+        permit = self._breaker.admit()
+        if permit is None:
+            self._counts["rejected_circuit"] += 1
+            raise self._circuit_open_error()
+        request = QueuedRequest(
+            inputs=inputs,
+            priority=level,
+            deadline=deadline,
+            arrival=now,
+            seq=next(self._seq),
+            rows=row_count(inputs),
+            batch_key=batch_key(inputs),
+            future=asyncio.get_running_loop().create_future(),
+            permit=permit,
+        )
+        request.future.add_done_callback(_consume_exception)
+        self._queue.push(request)
+        self._counts["accepted"] += 1
+        self._wakeup.set()
+        timeout = asyncio.timeout(deadline - now)
+        try:
+            async with timeout:
+                return await request.future
+        except TimeoutError:
+            if not timeout.expired():
+                raise
+            raise self._deadline_error(request) from None
+        except asyncio.CancelledError:
+            self._counts["cancelled"] += 1
+            raise
+        finally:
+            if request.state is RequestState.QUEUED:
+                # Cancelled or timed out while queued: it must never reach the model.
+                request.state = RequestState.DONE
+                self._queue.remove(request)
+                self._breaker.release([request.permit])
+
+    # ---------------------------------------------------------------- inspection
+
+    @property
+    def pending(self) -> int:
+        """Requests queued or running; the manager never evicts while this is above 0."""
+        return len(self._queue) + self._running_requests
+
+    @property
+    def breaker(self) -> CircuitBreaker:
+        """The model's circuit breaker (read it; the scheduler feeds it)."""
+        return self._breaker
+
+    def stats(self) -> dict[str, object]:
+        """Queue, batching and breaker figures plus the request counters, for metrics."""
+        cap, delay_s = self._limits()
+        breaker = self._breaker.snapshot()
+        opened_until = breaker["opened_until"]
+        stats: dict[str, object] = {
+            "model": self.name,
+            "state": self._state.value,
+            "queue_depth": len(self._queue),
+            "max_queue_size": self.config.max_queue_size,
+            "running_requests": self._running_requests,
+            "batches_in_flight": len(self._batches),
+            "pending": self.pending,
+            "batch_size_cap": cap,
+            "queue_delay_s": delay_s,
+            "breaker_state": breaker["state"],
+            "breaker_opened_until": opened_until,
+            "breaker_open_for_s": (
+                max(0.0, opened_until - self._clock.monotonic())
+                if isinstance(opened_until, float)
+                else None
+            ),
+            "breaker_times_opened": breaker["times_opened"],
+            "p99_latency_s": self._adaptive.p99_s() if self._adaptive is not None else None,
+        }
+        for key in (
+            "accepted",
+            "succeeded",
+            "failed",
+            "expired_queued",
+            "expired_running",
+            "cancelled",
+            "rejected_overloaded",
+            "rejected_circuit",
+            "rejected_not_ready",
+            "model_calls",
+        ):
+            stats[key] = self._counts[key]
+        return stats
+
+    # ---------------------------------------------------------------- dispatching
+
+    @property
+    def _running_requests(self) -> int:
+        return sum(len(requests) for requests in self._batches.values())
+
+    def _limits(self) -> tuple[int, float]:
+        if self._adaptive is not None:
+            return self._adaptive.batch_size_cap, self._adaptive.delay_s
+        if not self.config.is_batching:
+            return 1, 0.0
+        return self.config.max_batch_size, self.config.max_queue_delay_s
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            await self._slots.acquire()
+            try:
+                batch = await self._next_batch()
+            except BaseException:
+                self._slots.release()
+                raise
+            if batch is None:
+                self._slots.release()
+                return
+            # No await between taking the batch and registering its task: whatever
+            # happens next, the done callback answers the requests and frees the slot.
+            task = asyncio.create_task(
+                self._run_batch(batch), name=f"modelyard-batch-{self.name}"
+            )
+            self._batches[task] = batch
+            task.add_done_callback(self._batch_done)
+
+    async def _next_batch(self) -> list[QueuedRequest] | None:
+        """Wait until a batch is due; take it from the queue. None: drained and empty."""
+        while True:
+            if self._breaker.state is not BreakerState.CLOSED:
+                self._reject_unrunnable()
+            now = self._clock.monotonic()
+            cap, delay_s = self._limits()
+            dropped: list[QueuedRequest] = []
+            selection = select_batch(
+                self._live(now, dropped),
+                max_rows=cap,
+                preferred_sizes=self.config.preferred_batch_sizes,
+                is_batching=self.config.is_batching,
+            )
+            for request in dropped:
+                self._expire_queued(request)
+            if selection is None:
+                if self._state is not _Lifecycle.RUNNING:
+                    return None
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            due = min(r.arrival for r in selection.entries) + delay_s
+            if selection.is_ready or now >= due or self._state is not _Lifecycle.RUNNING:
+                self._queue.take(selection.entries)
+                for request in selection.entries:
+                    request.state = RequestState.RUNNING
+                return selection.entries
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(due - now):
+                    await self._wakeup.wait()
+
+    def _live(self, now: float, dropped: list[QueuedRequest]) -> Iterator[QueuedRequest]:
+        """Queued requests in order, leaving answered or expired ones in ``dropped``."""
+        for request in self._queue.ordered(now):
+            if request.future.done() or request.deadline <= now:
+                dropped.append(request)
+            else:
+                yield request
+
+    def _expire_queued(self, request: QueuedRequest) -> None:
+        self._queue.remove(request)
+        request.state = RequestState.DONE
+        self._breaker.release([request.permit])
+        self._fail(request, self._deadline_error(request), "expired_queued")
+
+    def _reject_unrunnable(self) -> None:
+        """While the breaker is open or probing, fail queued requests that may not run."""
+        for request in list(self._queue):
+            if not self._breaker.may_run(request.permit):
+                self._queue.remove(request)
+                request.state = RequestState.DONE
+                self._fail(request, self._circuit_open_error(), "rejected_circuit")
+
+    async def _run_batch(self, batch: list[QueuedRequest]) -> None:
+        await self._call_model(batch)
+
+    async def _call_model(self, batch: list[QueuedRequest]) -> None:
+        """One model call for ``batch``; answer each request, feed breaker and metrics."""
+        start = self._clock.monotonic()
+        runnable: list[QueuedRequest] = []
+        for request in batch:
+            if request.future.done():
+                self._breaker.release([request.permit])
+            elif request.deadline <= start:
+                self._breaker.release([request.permit])
+                self._fail(request, self._deadline_error(request), "expired_queued")
+            else:
+                runnable.append(request)
+        if not runnable:
+            return
+        deadline = min(r.deadline for r in runnable)
+        rows = [r.rows for r in runnable]
+        error: ServerError | None = None
+        parts: list[dict[str, np.ndarray]] = []
+        try:
+            outputs = await self._execute(concat_inputs([r.inputs for r in runnable]), deadline)
+            parts = split_outputs(outputs, rows)
+        except ServerError as exc:
+            error = exc
+        except ValueError as exc:  # split_outputs: the model broke the batch contract
+            error = InternalError(f"model {self.name!r}: {exc}")
+        except Exception as exc:
+            logger.exception("model %r: the model call raised", self.name)
+            error = InternalError(
+                f"model {self.name!r}: the model call raised {type(exc).__name__}: {exc}"
+            )
+        end = self._clock.monotonic()
+        compute_s = end - start
+        self._counts["model_calls"] += 1
+        if isinstance(error, InvalidInputError) and len(runnable) > 1:
+            # One bad request must not fail its neighbours: run each alone.
+            self._after_call(runnable, rows, start, compute_s, error=error, is_late=False)
+            for request in runnable:
+                await self._call_model([request])
+            return
+        is_late = error is None and end > deadline
+        for request, part in itertools.zip_longest(runnable, parts):
+            if error is not None:
+                self._fail(request, copy.copy(error), "failed")
+            elif request.deadline <= end:
+                self._fail(request, self._deadline_error(request), "expired_running")
+            elif not request.future.done():
+                request.future.set_result(part)
+                self._counts["succeeded"] += 1
+        self._after_call(runnable, rows, start, compute_s, error=error, is_late=is_late)
+
+    def _after_call(
+        self,
+        runnable: list[QueuedRequest],
+        rows: list[int],
+        start: float,
+        compute_s: float,
+        *,
+        error: ServerError | None,
+        is_late: bool,
+    ) -> None:
+        permits = [r.permit for r in runnable]
+        if is_late or isinstance(error, _MODEL_FAULTS):
+            self._breaker.record(failed=True, permits=permits)
+        elif error is None:
+            self._breaker.record(failed=False, permits=permits)
+        else:
+            self._breaker.release(permits)
+        self._ewma_call_s = _ewma(self._ewma_call_s, compute_s)
+        self._ewma_call_requests = _ewma(self._ewma_call_requests, float(len(runnable)))
+        end = start + compute_s
+        if self._adaptive is not None and (
+            error is None or isinstance(error, DeadlineExceededError)
+        ):
+            self._adaptive.observe(
+                batch_size=sum(rows),
+                compute_s=compute_s,
+                latencies_s=[end - r.arrival for r in runnable],
+            )
+        if self.on_batch is not None:
+            try:
+                self.on_batch(sum(rows), [start - r.arrival for r in runnable], compute_s)
+            except Exception:
+                logger.exception("model %r: on_batch hook failed; ignoring it", self.name)
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        batch = self._batches.pop(task)
+        self._slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            logger.error(
+                "model %r: batch task failed; its requests fail", self.name,
+                exc_info=task.exception(),
+            )
+        for request in batch:
+            request.state = RequestState.DONE
+            if self._state is _Lifecycle.CLOSED:
+                error: ServerError = self._not_ready_error("closed while the request ran")
+            else:
+                error = InternalError(f"model {self.name!r}: the request was lost by the batcher")
+            self._fail(request, error, "failed")
+
+    def _dispatcher_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        logger.error(
+            "model %r: dispatcher failed; failing queued requests", self.name,
+            exc_info=task.exception(),
+        )
+        self._state = _Lifecycle.CLOSED
+        for request in self._queue.clear():
+            request.state = RequestState.DONE
+            self._fail(request, InternalError(f"model {self.name!r}: scheduler failed"), "failed")
+
+    # ---------------------------------------------------------------- answers
+
+    def _fail(self, request: QueuedRequest, error: ServerError, count: str) -> None:
+        if not request.future.done():
+            request.future.set_exception(error)
+            self._counts[count] += 1
+
+    def _not_ready_error(self, why: str) -> ModelNotReadyError:
+        return ModelNotReadyError(f"model {self.name!r} is not accepting requests ({why})")
+
+    def _deadline_error(self, request: QueuedRequest) -> DeadlineExceededError:
+        waited_s = self._clock.monotonic() - request.arrival
+        if request.state is RequestState.RUNNING:
+            self._counts["expired_running"] += request.future.done()
+            where = "while it was running"
+        else:
+            where = "while it was queued; it was not run"
+        return DeadlineExceededError(
+            f"model {self.name!r}: deadline passed {where} ({waited_s:.3f} s after arrival)"
+        )
+
+    def _circuit_open_error(self) -> CircuitOpenError:
+        retry_after_s = self._breaker.retry_after_s()
+        if self._breaker.state is BreakerState.OPEN:
+            why = f"circuit breaker is open for another {retry_after_s:.1f} s after failures"
+        else:
+            why = "circuit breaker is half-open and its probe requests are in flight"
+        return CircuitOpenError(
+            f"model {self.name!r}: {why}; retry in {retry_after_s:.1f} s",
+            retry_after_s=retry_after_s,
+        )
+
+    def _estimate_retry_after_s(self) -> float:
+        """Time to work off the queue at the recent pace of model calls."""
+        if self._ewma_call_s is None or not self._ewma_call_requests:
+            return 1.0
+        calls = math.ceil(len(self._queue) / self._ewma_call_requests)
+        estimate = calls * self._ewma_call_s / self.config.max_concurrency
+        low, high = _RETRY_AFTER_BOUNDS_S
+        return min(high, max(low, estimate))
+
+
+def _ewma(old: float | None, value: float) -> float:
+    return value if old is None else old + _EWMA_ALPHA * (value - old)

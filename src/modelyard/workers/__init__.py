@@ -1,0 +1,1 @@
+"""Where a model runs: inline in the server process, or in its own worker process."""

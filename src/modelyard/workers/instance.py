@@ -1,0 +1,73 @@
+"""The ModelInstance contract: one loaded replica of one model version.
+
+The manager and scheduler talk only to this interface; whether the runtime lives in
+the server process (:class:`~modelyard.workers.inline.InlineInstance`) or in a worker
+process (``workers/process.py``) is the instance's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from modelyard.runtimes.base import RuntimeSpec, TensorSpec
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceInfo:
+    """What a started instance reports: its tensors and what the load cost."""
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    supports_batching: bool
+    footprint_bytes: int
+    """Measured resident memory the model holds (RSS/USS delta or worker RSS)."""
+    process_start_s: float = 0.0
+    load_s: float = 0.0
+    warmup_s: float = 0.0
+    pid: int | None = None
+    details: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StartRequest:
+    """Everything needed to bring up one instance."""
+
+    spec: RuntimeSpec
+    warmup_inputs: dict[str, np.ndarray] | None = None
+    """Explicit warm-up samples; None generates them from metadata."""
+    memory_limit_bytes: int | None = None
+    """Kernel-enforced limit for a process instance (ignored inline)."""
+
+
+ExitCallback = Callable[[str], None]
+"""Called once, with a reason, when an instance dies on its own (crash, OOM kill)."""
+
+
+class ModelInstance(Protocol):
+    """One running replica of one model version."""
+
+    @property
+    def is_alive(self) -> bool:
+        """True while the instance can take requests."""
+        ...
+
+    async def start(self, request: StartRequest) -> InstanceInfo:
+        """Load and warm up the model; raise ModelLoadError (or a ServerError) on failure."""
+        ...
+
+    async def infer(self, inputs: dict[str, np.ndarray], timeout_s: float) -> dict[str, np.ndarray]:
+        """Run one batch; WorkerCrashedError if the instance dies meanwhile,
+        DeadlineExceededError if it overruns ``timeout_s`` (a process is then killed)."""
+        ...
+
+    async def stop(self) -> None:
+        """Release the model; for a process instance the process exits."""
+        ...
+
+    def set_exit_callback(self, callback: ExitCallback) -> None:
+        """Register the callback fired when the instance dies unexpectedly."""
+        ...
