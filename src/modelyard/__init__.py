@@ -5,9 +5,9 @@ The public API is what this module re-exports.
 
 __version__ = "0.1.0"
 
-from modelyard.config import ModelConfig, ServerSettings, load_settings  # noqa: E402
-from modelyard.errors import ErrorCode, ServerError  # noqa: E402
-from modelyard.runtimes.base import TensorSpec  # noqa: E402
+from modelyard.config import ModelConfig, ServerSettings, load_settings
+from modelyard.errors import ErrorCode, ServerError
+from modelyard.runtimes.base import TensorSpec
 
 __all__ = [
     "ErrorCode",

@@ -56,7 +56,8 @@ class App:
             return InlineInstance()
         from modelyard.workers.process import ProcessInstance
 
-        return ProcessInstance(self._workers())
+        instance: ModelInstance = ProcessInstance(self._workers())
+        return instance
 
     def _workers(self) -> Any:
         if self._worker_factory is None:
@@ -115,8 +116,8 @@ class App:
             timeout_keep_alive=30,
         )
         self._http = uvicorn.Server(config)
-        # NOTE: uvicorn's own signal handling would fight ours; the CLI handles signals.
-        self._http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        # NOTE: in the main thread uvicorn captures SIGINT/SIGTERM while it serves and
+        # re-raises them when it exits, which then reaches run_forever's handler.
         self._http_task = asyncio.create_task(self._http.serve())
         while not self._http.started:
             if self._http_task.done():

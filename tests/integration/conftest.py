@@ -10,7 +10,6 @@ from modelyard.examples.mlp import build_add_onnx, build_mlp_onnx
 from modelyard.examples.sklearn_models import export_sklearn_onnx, train_digits_classifier
 
 
-
 @pytest.fixture(scope="session")
 def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``digits-logreg`` (sklearn→ONNX), ``mlp`` (2 MB), ``add`` (versions 1 and 2)."""

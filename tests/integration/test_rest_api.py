@@ -26,8 +26,7 @@ MODELS = [
 
 @pytest.fixture
 def config_file(model_root: Path, tmp_path: Path) -> Path:
-    cfg = write_config(tmp_path, MODELS, model_repository=str(model_root))
-    return cfg
+    return write_config(tmp_path, MODELS, model_repository=str(model_root))
 
 
 def _ort(path: Path, x: np.ndarray) -> list[np.ndarray]:
@@ -52,7 +51,12 @@ async def test_infer_equals_onnxruntime(config_file: Path, model_root: Path) -> 
         body = {
             "id": "req-1",
             "inputs": [
-                {"name": "input", "shape": [5, 64], "datatype": "FP32", "data": batch.ravel().tolist()}
+                {
+                    "name": "input",
+                    "shape": [5, 64],
+                    "datatype": "FP32",
+                    "data": batch.ravel().tolist(),
+                }
             ],
         }
         r = await client.post("/v2/models/digits-logreg/infer", json=body)
@@ -149,7 +153,9 @@ async def test_repository_load_unload_and_index(config_file: Path) -> None:
 
 
 async def test_versions_by_path(config_file: Path) -> None:
-    body = {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [0, 0, 0, 0]}]}
+    body = {
+        "inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [0, 0, 0, 0]}]
+    }
     async with running_server(config_file) as (_, client):
         v1 = (await client.post("/v2/models/add/versions/1/infer", json=body)).json()
         v2 = (await client.post("/v2/models/add/versions/2/infer", json=body)).json()

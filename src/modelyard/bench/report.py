@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import importlib.util
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
@@ -36,10 +37,8 @@ def format_table(results: Sequence[BenchResult]) -> str:
         row += [f"{r.client_cpu_fraction:.0%}", format_errors(r.errors) or "0"]
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.rjust(w) if i < len(row) - 1 else cell for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
-        for row in rows
-    ]
+    # Numbers right-aligned; the errors column, last, left-aligned.
+    lines = ["  ".join([*(c.rjust(w) for c, w in zip(row[:-1], widths, strict=False)), row[-1]]) for row in rows]
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -164,8 +163,6 @@ class ProgressLine:
             self._write(f"\r\x1b[2K[{self._label}] {done} requests, {rate:.0f} req/s")
 
     def _write(self, text: str) -> None:
-        import sys
-
         stream = self._stream or sys.stderr
         stream.write(text)
         stream.flush()

@@ -72,6 +72,8 @@ class ModelConfig(BaseModel):
     """Which versions are served."""
     default_version: str | None = None
     """Version or alias used when a request names none; default: the newest served."""
+    options: dict[str, str] = Field(default_factory=dict)
+    """Runtime-specific options (e.g. torch tensor names: ``inputs: "x:FP32:-1x4"``)."""
     warmup_inputs: dict[str, list[object]] | None = None
     """Sample inputs for warm-up (nested lists by input name); default: generated."""
 

@@ -33,7 +33,9 @@ _PLATFORMS = {
 
 
 def _shape_matches(spec: tuple[int, ...], shape: tuple[int, ...]) -> bool:
-    return len(spec) == len(shape) and all(s < 0 or s == d for s, d in zip(spec, shape, strict=True))
+    return len(spec) == len(shape) and all(
+        s < 0 or s == d for s, d in zip(spec, shape, strict=True)
+    )
 
 
 class DataPlane:

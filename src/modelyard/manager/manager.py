@@ -8,10 +8,12 @@ and restarts with backoff when a worker dies.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,8 +29,8 @@ from modelyard.errors import (
     ServerError,
 )
 from modelyard.manager.budget import MemoryBudget
-from modelyard.manager.eviction import EvictionPolicy, LruPolicy, select_victims
 from modelyard.manager.events import EventLog
+from modelyard.manager.eviction import EvictionPolicy, LruPolicy, select_victims
 from modelyard.manager.records import ModelEntry, ModelKey, ModelRecord
 from modelyard.manager.states import RESIDENT, ModelState, can_transition
 from modelyard.repository.layout import dir_size_bytes, served_versions
@@ -132,7 +134,9 @@ class ModelManager:
             version = entry.default
             if version is None:
                 if not entry.versions:
-                    raise ModelNotFoundError(f"model {name!r} has no version folders in {entry.path}")
+                    raise ModelNotFoundError(
+                        f"model {name!r} has no version folders in {entry.path}"
+                    )
                 version = max(entry.versions, key=int)
         assert version is not None
         version = entry.aliases.get(version, version)
@@ -172,8 +176,8 @@ class ModelManager:
             return_exceptions=True,
         )
 
-    def _spawn(self, coro: object) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -258,7 +262,9 @@ class ModelManager:
                 await self._start_instance(record)
             except BaseException as exc:
                 self._release(record)
-                reason = str(exc) if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
+                reason = (
+                    str(exc) if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
+                )
                 self._set_state(record, ModelState.FAILED, reason)
                 self.events.add("load_failed", record.key, reason)
                 log.error("load of %s failed: %s", record.key, reason)
@@ -297,6 +303,7 @@ class ModelManager:
             intra_op_threads=cfg.intra_op_threads,
             share_weights=cfg.share_weights,
             device=cfg.device,
+            options=dict(cfg.options),
         )
         warmup = (
             {k: np.asarray(v) for k, v in cfg.warmup_inputs.items()} if cfg.warmup_inputs else None
@@ -393,12 +400,11 @@ class ModelManager:
             leaving = sum(
                 r.reserved_bytes
                 for r in self.records()
-                if r.config.device == device and r.state in (ModelState.DRAINING, ModelState.UNLOADING)
+                if r.config.device == device
+                and r.state in (ModelState.DRAINING, ModelState.UNLOADING)
             )
             if leaving < missing:
-                victims = select_victims(
-                    self.policy, self._candidates(record), missing - leaving
-                )
+                victims = select_victims(self.policy, self._candidates(record), missing - leaving)
                 if victims is None:
                     raise self._refusal(record, need)
                 for victim in victims:
@@ -409,10 +415,8 @@ class ModelManager:
                     f"model {record.key} waited for memory past the request's deadline"
                 )
             async with self._budget_changed:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._budget_changed.wait(), remaining)
-                except TimeoutError:
-                    pass
 
     def _release(self, record: ModelRecord) -> None:
         self.budget.release(record.config.device, record.key)

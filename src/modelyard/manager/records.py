@@ -79,8 +79,10 @@ class ModelRecord:
     @property
     def is_ready(self) -> bool:
         """True when requests can be served now."""
-        return self.state is ModelState.READY and self.instance is not None and (
-            self.instance.is_alive
+        return (
+            self.state is ModelState.READY
+            and self.instance is not None
+            and (self.instance.is_alive)
         )
 
     @property

@@ -36,7 +36,9 @@ def _bytes_element(name: str, value: object) -> bytes:
         return value.encode("utf-8")
     if isinstance(value, bytes):
         return value
-    raise InvalidInputError(f"input {name!r}: BYTES data must be strings, got {type(value).__name__}")
+    raise InvalidInputError(
+        f"input {name!r}: BYTES data must be strings, got {type(value).__name__}"
+    )
 
 
 def _flatten(data: Sequence[Any]) -> list[Any]:
@@ -70,19 +72,22 @@ def array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: obje
         for i, v in enumerate(flat):
             arr[i] = _bytes_element(name, v)
         return arr.reshape(shape)
-    if datatype == "BOOL":
-        if not all(isinstance(v, bool) for v in flat):
-            raise InvalidInputError(f"input {name!r}: BOOL data must be true/false")
+    if datatype == "BOOL" and not all(isinstance(v, bool) for v in flat):
+        raise InvalidInputError(f"input {name!r}: BOOL data must be true/false")
     try:
         arr = np.asarray(flat, dtype=dtype)
     except (ValueError, TypeError, OverflowError) as exc:
-        raise InvalidInputError(f"input {name!r}: data does not fit datatype {datatype}: {exc}") from None
+        raise InvalidInputError(
+            f"input {name!r}: data does not fit datatype {datatype}: {exc}"
+        ) from None
     if dtype.kind in "iu" and flat and any(isinstance(v, float) for v in flat[:16]):
         raise InvalidInputError(f"input {name!r}: {datatype} data must be integers")
     return arr.reshape(shape)
 
 
-def array_from_binary(name: str, datatype: str, shape: tuple[int, ...], raw: bytes | memoryview) -> np.ndarray:
+def array_from_binary(
+    name: str, datatype: str, shape: tuple[int, ...], raw: bytes | memoryview
+) -> np.ndarray:
     """Build the array of one binary input tensor (the binary-tensor extension)."""
     expected = math.prod(shape)
     if datatype == "BYTES":
@@ -152,9 +157,13 @@ def decode_input(
 def output_from_array(name: str, array: np.ndarray) -> InferOutput:
     """Wrap a runtime output array as a protocol output."""
     if array.dtype.kind in ("U", "S"):
-        array = np.vectorize(
-            lambda v: v.encode("utf-8") if isinstance(v, str) else bytes(v), otypes=[object]
-        )(array) if array.size else array.astype(object)
+        array = (
+            np.vectorize(
+                lambda v: v.encode("utf-8") if isinstance(v, str) else bytes(v), otypes=[object]
+            )(array)
+            if array.size
+            else array.astype(object)
+        )
     return InferOutput(name, v2_datatype(array.dtype), tuple(int(d) for d in array.shape), array)
 
 

@@ -22,7 +22,8 @@ def create_runtime(kind: str) -> Runtime:
     if kind == "torch":
         from modelyard.runtimes.torch import TorchRuntime
 
-        return TorchRuntime()
+        torch_runtime: Runtime = TorchRuntime()
+        return torch_runtime
     raise ValueError(f"unknown runtime {kind!r}")
 
 

@@ -88,9 +88,7 @@ class OnnxRuntime:
         session = self._session
         if session is None:
             raise RuntimeError("model not loaded")
-        feeds = {
-            k: (v.astype(str) if v.dtype == object else v) for k, v in inputs.items()
-        }
+        feeds = {k: (v.astype(str) if v.dtype == object else v) for k, v in inputs.items()}
         results = session.run(self._output_names, feeds)  # type: ignore[attr-defined]
         return {
             name: np.asarray(value) for name, value in zip(self._output_names, results, strict=True)

@@ -65,7 +65,7 @@ class SklearnRuntime:
                     f"{path.name} is a pickle, which runs code when loaded; refusing it "
                     "unless the model's config sets 'trusted: true' (prefer .onnx or .skops)"
                 )
-            import joblib
+            import joblib  # type: ignore[import-untyped]  # joblib ships no stubs
 
             self._estimator = joblib.load(path)
         n_features = int(getattr(self._estimator, "n_features_in_", -1))

@@ -229,7 +229,9 @@ class ModelScheduler:
         except TimeoutError:
             if not timeout.expired():
                 raise
-            raise self._deadline_error(request) from None
+            is_running = request.state is RequestState.RUNNING
+            self._counts["expired_running" if is_running else "expired_queued"] += 1
+            raise self._deadline_error(request, was_run=is_running) from None
         except asyncio.CancelledError:
             self._counts["cancelled"] += 1
             raise
@@ -318,9 +320,7 @@ class ModelScheduler:
                 return
             # No await between taking the batch and registering its task: whatever
             # happens next, the done callback answers the requests and frees the slot.
-            task = asyncio.create_task(
-                self._run_batch(batch), name=f"modelyard-batch-{self.name}"
-            )
+            task = asyncio.create_task(self._call_model(batch), name=f"modelyard-batch-{self.name}")
             self._batches[task] = batch
             task.add_done_callback(self._batch_done)
 
@@ -369,7 +369,7 @@ class ModelScheduler:
         self._queue.remove(request)
         request.state = RequestState.DONE
         self._breaker.release([request.permit])
-        self._fail(request, self._deadline_error(request), "expired_queued")
+        self._fail(request, self._deadline_error(request, was_run=False), "expired_queued")
 
     def _reject_unrunnable(self) -> None:
         """While the breaker is open or probing, fail queued requests that may not run."""
@@ -378,9 +378,6 @@ class ModelScheduler:
                 self._queue.remove(request)
                 request.state = RequestState.DONE
                 self._fail(request, self._circuit_open_error(), "rejected_circuit")
-
-    async def _run_batch(self, batch: list[QueuedRequest]) -> None:
-        await self._call_model(batch)
 
     async def _call_model(self, batch: list[QueuedRequest]) -> None:
         """One model call for ``batch``; answer each request, feed breaker and metrics."""
@@ -391,7 +388,7 @@ class ModelScheduler:
                 self._breaker.release([request.permit])
             elif request.deadline <= start:
                 self._breaker.release([request.permit])
-                self._fail(request, self._deadline_error(request), "expired_queued")
+                self._fail(request, self._deadline_error(request, was_run=False), "expired_queued")
             else:
                 runnable.append(request)
         if not runnable:
@@ -402,16 +399,18 @@ class ModelScheduler:
         parts: list[dict[str, np.ndarray]] = []
         try:
             outputs = await self._execute(concat_inputs([r.inputs for r in runnable]), deadline)
-            parts = split_outputs(outputs, rows)
         except ServerError as exc:
             error = exc
-        except ValueError as exc:  # split_outputs: the model broke the batch contract
-            error = InternalError(f"model {self.name!r}: {exc}")
         except Exception as exc:
             logger.exception("model %r: the model call raised", self.name)
             error = InternalError(
                 f"model {self.name!r}: the model call raised {type(exc).__name__}: {exc}"
             )
+        else:
+            try:
+                parts = split_outputs(outputs, rows)
+            except ValueError as exc:  # the model broke the batch contract
+                error = InternalError(f"model {self.name!r}: {exc}")
         end = self._clock.monotonic()
         compute_s = end - start
         self._counts["model_calls"] += 1
@@ -422,14 +421,17 @@ class ModelScheduler:
                 await self._call_model([request])
             return
         is_late = error is None and end > deadline
-        for request, part in itertools.zip_longest(runnable, parts):
-            if error is not None:
-                self._fail(request, copy.copy(error), "failed")
-            elif request.deadline <= end:
-                self._fail(request, self._deadline_error(request), "expired_running")
-            elif not request.future.done():
-                request.future.set_result(part)
-                self._counts["succeeded"] += 1
+        if error is not None:
+            for request in runnable:
+                self._fail(request, _copy_error(error), "failed")
+        else:
+            for request, part in zip(runnable, parts, strict=True):
+                if request.deadline <= end:
+                    late = self._deadline_error(request, was_run=True)
+                    self._fail(request, late, "expired_running")
+                elif not request.future.done():
+                    request.future.set_result(part)
+                    self._counts["succeeded"] += 1
         self._after_call(runnable, rows, start, compute_s, error=error, is_late=is_late)
 
     def _after_call(
@@ -471,7 +473,8 @@ class ModelScheduler:
         self._slots.release()
         if not task.cancelled() and task.exception() is not None:
             logger.error(
-                "model %r: batch task failed; its requests fail", self.name,
+                "model %r: batch task failed; its requests fail",
+                self.name,
                 exc_info=task.exception(),
             )
         for request in batch:
@@ -479,14 +482,17 @@ class ModelScheduler:
             if self._state is _Lifecycle.CLOSED:
                 error: ServerError = self._not_ready_error("closed while the request ran")
             else:
-                error = InternalError(f"model {self.name!r}: the request was lost by the batcher")
+                error = InternalError(
+                    f"model {self.name!r}: the model call ended without an answer"
+                )
             self._fail(request, error, "failed")
 
     def _dispatcher_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or task.exception() is None:
             return
         logger.error(
-            "model %r: dispatcher failed; failing queued requests", self.name,
+            "model %r: dispatcher failed; failing queued requests",
+            self.name,
             exc_info=task.exception(),
         )
         self._state = _Lifecycle.CLOSED
@@ -504,13 +510,9 @@ class ModelScheduler:
     def _not_ready_error(self, why: str) -> ModelNotReadyError:
         return ModelNotReadyError(f"model {self.name!r} is not accepting requests ({why})")
 
-    def _deadline_error(self, request: QueuedRequest) -> DeadlineExceededError:
+    def _deadline_error(self, request: QueuedRequest, *, was_run: bool) -> DeadlineExceededError:
         waited_s = self._clock.monotonic() - request.arrival
-        if request.state is RequestState.RUNNING:
-            self._counts["expired_running"] += request.future.done()
-            where = "while it was running"
-        else:
-            where = "while it was queued; it was not run"
+        where = "while it was running" if was_run else "while it was queued; it was not run"
         return DeadlineExceededError(
             f"model {self.name!r}: deadline passed {where} ({waited_s:.3f} s after arrival)"
         )
@@ -534,6 +536,14 @@ class ModelScheduler:
         estimate = calls * self._ewma_call_s / self.config.max_concurrency
         low, high = _RETRY_AFTER_BOUNDS_S
         return min(high, max(low, estimate))
+
+
+def _copy_error(error: ServerError) -> ServerError:
+    """A copy per request, so concurrent raises do not share one traceback."""
+    try:
+        return copy.copy(error)
+    except Exception:  # a subclass whose constructor copy cannot call
+        return error
 
 
 def _ewma(old: float | None, value: float) -> float:

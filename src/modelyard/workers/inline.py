@@ -72,7 +72,9 @@ class InlineInstance:
             async with asyncio.timeout(timeout_s):
                 return await asyncio.to_thread(runtime.infer, inputs)
         except TimeoutError:
-            raise DeadlineExceededError(f"inference ran past its deadline ({timeout_s:.3f}s)") from None
+            raise DeadlineExceededError(
+                f"inference ran past its deadline ({timeout_s:.3f}s)"
+            ) from None
         except Exception as exc:
             raise classify_runtime_error(exc) from exc
 

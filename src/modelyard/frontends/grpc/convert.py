@@ -110,7 +110,9 @@ def _priority(params: Mapping[str, Any]) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError("parameter 'priority' must be a positive integer (1 is the highest)")
+        raise InvalidInputError(
+            "parameter 'priority' must be a positive integer (1 is the highest)"
+        )
     return value
 
 
@@ -132,8 +134,9 @@ def _array_from_contents(
     dtype = numpy_dtype(datatype)
     given = [field.name for field, _ in contents.ListFields()]
     field = TYPED_FIELD.get(datatype)
+    expected = math.prod(shape)
     if field is None:
-        if given or math.prod(shape):
+        if given or expected > 0:
             raise InvalidInputError(
                 f"{what} {name!r}: {datatype} has no typed contents field in the protocol; "
                 f"send it in raw_{what}_contents"
@@ -146,7 +149,6 @@ def _array_from_contents(
             f"{', '.join(wrong)}"
         )
     values: Sequence[Any] = getattr(contents, field)
-    expected = math.prod(shape)
     if len(values) != expected:
         raise InvalidInputError(
             f"{what} {name!r}: shape {list(shape)} needs {expected} elements, got {len(values)}"

@@ -118,9 +118,7 @@ class RestApi:
         """200 when that model version can serve now, 400 when not (as Triton)."""
         p = request.path_params
         ok = self.dp.model_ready(p["model"], p.get("version"))
-        return json_response(
-            {"name": p["model"], "ready": ok}, 200 if ok else 400
-        )
+        return json_response({"name": p["model"], "ready": ok}, 200 if ok else 400)
 
     # ------------------------------------------------------------------ inference
 
@@ -191,7 +189,9 @@ class RestApi:
                 else:
                     arr = np.asarray(value, dtype=numpy_dtype(datatype))
             except (ValueError, TypeError) as exc:
-                raise InvalidInputError(f"input {name!r}: cannot read as {datatype}: {exc}") from None
+                raise InvalidInputError(
+                    f"input {name!r}: cannot read as {datatype}: {exc}"
+                ) from None
             # A single example is promoted to a batch of one when the model wants a batch.
             if arr.ndim == len(spec["shape"]) - 1:
                 arr = arr[np.newaxis, ...]

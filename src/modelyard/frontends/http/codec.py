@@ -97,7 +97,11 @@ def encode_response(response: InferResponse, request: InferRequest) -> tuple[byt
     outputs_json: list[dict[str, Any]] = []
     chunks: list[bytes] = []
     for out in response.outputs:
-        entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": list(out.shape)}
+        entry: dict[str, Any] = {
+            "name": out.name,
+            "datatype": out.datatype,
+            "shape": list(out.shape),
+        }
         params = {k: v for k, v in out.parameters.items() if k != "binary_data"}
         if out.parameters.get("binary_data", binary_default):
             raw = binary_bytes(out)

@@ -1,0 +1,53 @@
+"""grpc.aio server bootstrap: bind, register the servicer, start; and a graceful stop."""
+
+from __future__ import annotations
+
+import grpc
+
+from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from modelyard.frontends.grpc.servicer import DataPlaneProtocol, InferenceServicer
+
+
+def _address(host: str, port: int) -> str:
+    # A bare IPv6 literal needs brackets before the port.
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
+async def start_grpc_server(
+    dataplane: DataPlaneProtocol, host: str, port: int, max_message_bytes: int
+) -> tuple[grpc.aio.Server, int]:
+    """Start the KServe v2 gRPC server on ``host:port`` and return it with its bound port.
+
+    ``port`` 0 picks a free port. Messages over ``max_message_bytes`` either way are
+    refused by gRPC itself with RESOURCE_EXHAUSTED. Must run on the server's event loop.
+    """
+    if max_message_bytes <= 0:
+        raise ValueError(f"max_message_bytes must be positive, got {max_message_bytes}")
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            # Without this, Linux lets a second server bind the same port silently.
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    # The generated registration function has no annotations (protoc emits no stubs for it).
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        InferenceServicer(dataplane), server
+    )
+    address = _address(host, port)
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OSError(f"gRPC server cannot listen on {address}: {exc}") from exc
+    if bound == 0:
+        raise OSError(f"gRPC server cannot listen on {address}")
+    await server.start()
+    return server, bound
+
+
+async def stop_grpc_server(server: grpc.aio.Server, grace_s: float) -> None:
+    """Refuse new RPCs, let those in flight finish for up to ``grace_s``, then cancel them."""
+    await server.stop(grace_s)

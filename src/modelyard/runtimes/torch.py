@@ -1,0 +1,83 @@
+"""PyTorch programs: TorchScript (``.pt``) or ``torch.export`` (``.pt2``) files.
+
+torch is an optional extra; it is imported only when a model with ``runtime: torch``
+loads, and only inside the process that hosts it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from modelyard.runtimes.base import RuntimeSpec, TensorSpec, find_model_file
+
+
+def _parse_specs(text: str) -> list[TensorSpec]:
+    # "name:FP32:-1x4,other:INT64:-1x8" — torch programs carry no named signature.
+    specs = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, datatype, shape = item.split(":")
+        specs.append(TensorSpec(name, datatype, tuple(int(d) for d in shape.split("x"))))
+    return specs
+
+
+class TorchRuntime:
+    """Runs a TorchScript or exported program; tensors are named by the config's options.
+
+    ``options: {inputs: "x:FP32:-1x4", outputs: "y:FP32:-1x2"}`` names the positional
+    inputs and outputs of the program.
+    """
+
+    def __init__(self) -> None:
+        self._module: Any = None
+        self._inputs: list[TensorSpec] = []
+        self._outputs: list[TensorSpec] = []
+        self._device = "cpu"
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        """From the ``inputs`` option."""
+        return self._inputs
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        """From the ``outputs`` option."""
+        return self._outputs
+
+    @property
+    def supports_batching(self) -> bool:
+        """True when every tensor has a dynamic first dimension."""
+        return all(t.shape and t.shape[0] == -1 for t in (*self._inputs, *self._outputs))
+
+    def load(self, spec: RuntimeSpec) -> None:
+        """Load the ``.pt`` (TorchScript) or ``.pt2`` (torch.export) file."""
+        import torch
+
+        path = find_model_file(Path(spec.version_dir), (".pt", ".pt2"))
+        self._device = spec.device
+        torch.set_num_threads(spec.intra_op_threads)
+        if path.suffix == ".pt2":
+            self._module = torch.export.load(str(path)).module()  # type: ignore[no-untyped-call]
+        else:
+            self._module = torch.jit.load(str(path), map_location=spec.device)
+        self._module.eval()
+        self._inputs = _parse_specs(spec.options.get("inputs", "input:FP32:-1x-1"))
+        self._outputs = _parse_specs(spec.options.get("outputs", "output:FP32:-1x-1"))
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Call the program positionally in the order of the ``inputs`` option."""
+        import torch
+
+        args = [torch.from_numpy(np.ascontiguousarray(inputs[t.name])) for t in self._inputs]
+        with torch.inference_mode():
+            result = self._module(*[a.to(self._device) for a in args])
+        values = result if isinstance(result, tuple | list) else (result,)
+        return {
+            t.name: v.detach().cpu().numpy() for t, v in zip(self._outputs, values, strict=True)
+        }
+
+    def close(self) -> None:
+        """Drop the module."""
+        self._module = None
