@@ -14,7 +14,13 @@ from pydantic import ValidationError
 
 from modelyard.bench.config import BenchConfig
 from modelyard.bench.errors import BenchConfigError, BenchError, EngineUnavailableError
-from modelyard.bench.report import format_table, require_matplotlib, write_csv, write_json, write_plot
+from modelyard.bench.report import (
+    format_table,
+    require_matplotlib,
+    write_csv,
+    write_json,
+    write_plot,
+)
 from modelyard.bench.results import BenchResult
 from modelyard.bench.runner import run_bench
 from modelyard.bench.workload import MixSpec
@@ -48,8 +54,12 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     )
     parser.set_defaults(handler=run_bench_command)
     target = parser.add_argument_group("target")
-    target.add_argument("--url", default="http://127.0.0.1:8080", help="REST base URL (%(default)s)")
-    target.add_argument("--grpc", metavar="HOST:PORT", help="send over gRPC to this address instead")
+    target.add_argument(
+        "--url", default="http://127.0.0.1:8080", help="REST base URL (%(default)s)"
+    )
+    target.add_argument(
+        "--grpc", metavar="HOST:PORT", help="send over gRPC to this address instead"
+    )
     target.add_argument(
         "--models", metavar="A,B,C", help="models to send to (default: every READY model)"
     )
@@ -67,32 +77,62 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     load.add_argument(
         "--concurrency",
         metavar="N[,N...]",
-        help=f"requests in flight, one phase each (default: 1; open loop: {_OPEN_LOOP_CONCURRENCY})",
+        help=(
+            f"requests in flight, one phase each (default: 1; open loop: {_OPEN_LOOP_CONCURRENCY})"
+        ),
     )
     amount = load.add_mutually_exclusive_group()
-    amount.add_argument("--duration", type=float, default=10.0, metavar="S", help="measured seconds per phase (%(default)s)")
+    amount.add_argument(
+        "--duration",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="measured seconds per phase (%(default)s)",
+    )
     amount.add_argument("--requests", type=int, metavar="N", help="measured requests per phase")
-    load.add_argument("--warmup", type=float, default=2.0, metavar="S", help="unmeasured seconds first (%(default)s)")
+    load.add_argument(
+        "--warmup",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="unmeasured seconds first (%(default)s)",
+    )
     load.add_argument(
         "--rate",
         metavar="R[,R...]|trace",
-        help="open loop: Poisson arrivals per second, one phase each; 'trace' replays the trace's times",
+        help=(
+            "open loop: Poisson arrivals per second, one phase each; "
+            "'trace' replays the trace's own times"
+        ),
     )
-    load.add_argument("--seed", type=int, default=0, help="seed for mix, payloads, arrivals (%(default)s)")
-    load.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-request timeout (%(default)s)")
+    load.add_argument(
+        "--seed", type=int, default=0, help="seed for mix, payloads, arrivals (%(default)s)"
+    )
+    load.add_argument(
+        "--timeout", type=float, default=30.0, metavar="S", help="per-request timeout (%(default)s)"
+    )
     engine = parser.add_argument_group("engine")
-    engine.add_argument("--engine", choices=("python", "wrk"), default="python", help="who sends (%(default)s)")
+    engine.add_argument(
+        "--engine", choices=("python", "wrk"), default="python", help="who sends (%(default)s)"
+    )
     engine.add_argument(
         "--http-client",
         choices=("raw", "aiohttp"),
         default="raw",
-        help="Python REST client: raw keep-alive streams or aiohttp (%(default)s; HTTPS needs aiohttp)",
+        help=(
+            "Python REST client: raw keep-alive streams or aiohttp "
+            "(%(default)s; HTTPS needs aiohttp)"
+        ),
     )
     output = parser.add_argument_group("output")
     output.add_argument("--json", type=Path, metavar="OUT", help="write results as JSON")
     output.add_argument("--csv", type=Path, metavar="OUT", help="write results as CSV")
-    output.add_argument("--plot", type=Path, metavar="OUT.png", help="plot latency vs throughput (needs matplotlib)")
-    output.add_argument("--progress", action="store_true", help="live progress on stderr (default: when a tty)")
+    output.add_argument(
+        "--plot", type=Path, metavar="OUT.png", help="plot latency vs throughput (needs matplotlib)"
+    )
+    output.add_argument(
+        "--progress", action="store_true", help="live progress on stderr (default: when a tty)"
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -104,7 +144,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     open_loop = replay or bool(rates)
     default_concurrency = (_OPEN_LOOP_CONCURRENCY,) if open_loop else (1,)
     concurrency = (
-        _number_list(args.concurrency, int, "--concurrency") if args.concurrency else default_concurrency
+        _number_list(args.concurrency, int, "--concurrency")
+        if args.concurrency
+        else default_concurrency
     )
     payloads: dict[str, Path] = {}
     for item in args.payload:

@@ -106,7 +106,9 @@ class RawHttpClient:
         self, endpoint: Endpoint, bodies: Mapping[str, bytes], *, timeout_s: float
     ) -> None:
         if endpoint.scheme != "http":
-            raise BenchConfigError("the raw HTTP client speaks plain http; use --http-client aiohttp")
+            raise BenchConfigError(
+                "the raw HTTP client speaks plain http; use --http-client aiohttp"
+            )
         host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
         self._messages = {
             model: (
@@ -181,7 +183,8 @@ class _RawSession:
 
     async def _round_trip(self, message: bytes) -> int:
         reader, writer = self._reader, self._writer
-        assert reader is not None and writer is not None
+        assert reader is not None
+        assert writer is not None
         writer.write(message)
         if writer.transport.get_write_buffer_size():
             await writer.drain()

@@ -48,7 +48,9 @@ async def discover_rest(
         for name in names:
             if name in skip_metadata:
                 continue
-            status, body = await _call(http, "GET", endpoint.url(f"/v2/models/{quote(name, safe='')}"))
+            status, body = await _call(
+                http, "GET", endpoint.url(f"/v2/models/{quote(name, safe='')}")
+            )
             if status != 200 or not isinstance(body, dict):
                 raise TargetError(f"metadata of model {name!r}: HTTP {status} {_reason(body)}")
             metadata[name] = ModelMetadata.from_json(body)

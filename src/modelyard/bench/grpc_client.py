@@ -122,7 +122,9 @@ class GrpcInferClient:
         stubs = stubs or load_grpc_stubs()
         self._requests = {model: infer_request_bytes(stubs, p) for model, p in payloads.items()}
         self._channel = grpc.aio.insecure_channel(target)
-        self._call = self._channel.unary_unary(f"/{stubs.service}/ModelInfer")
+        self._call = self._channel.unary_unary(
+            f"/{stubs.service}/ModelInfer", request_serializer=None, response_deserializer=None
+        )
         self._timeout_s = timeout_s
 
     def session(self) -> _GrpcSession:
@@ -131,12 +133,15 @@ class GrpcInferClient:
 
     async def close(self) -> None:
         """Close the channel."""
-        await self._channel.close()
+        await self._channel.close(None)
 
 
 class _GrpcSession:
     def __init__(
-        self, call: grpc.aio.UnaryUnaryMultiCallable, requests: Mapping[str, bytes], timeout_s: float
+        self,
+        call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes],
+        requests: Mapping[str, bytes],
+        timeout_s: float,
     ) -> None:
         self._call = call
         self._requests = requests
@@ -185,7 +190,9 @@ async def discover_grpc(
     return Discovery(models=names, metadata=metadata)
 
 
-async def _ready_models(stubs: GrpcStubs, stub: Any, target: str, timeout_s: float) -> tuple[str, ...]:
+async def _ready_models(
+    stubs: GrpcStubs, stub: Any, target: str, timeout_s: float
+) -> tuple[str, ...]:
     if "RepositoryIndex" not in stubs.methods:
         raise TargetError(f"gRPC {target}: the service has no RepositoryIndex; pass --models")
     response = await stub.RepositoryIndex(stubs.pb2.RepositoryIndexRequest(), timeout=timeout_s)

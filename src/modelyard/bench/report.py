@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import importlib
 import importlib.util
 import sys
 import time
@@ -38,7 +39,10 @@ def format_table(results: Sequence[BenchResult]) -> str:
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     # Numbers right-aligned; the errors column, last, left-aligned.
-    lines = ["  ".join([*(c.rjust(w) for c, w in zip(row[:-1], widths, strict=False)), row[-1]]) for row in rows]
+    lines = [
+        "  ".join([*(c.rjust(w) for c, w in zip(row[:-1], widths, strict=False)), row[-1]])
+        for row in rows
+    ]
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -91,10 +95,9 @@ def require_matplotlib() -> None:
 def write_plot(results: Sequence[BenchResult], path: Path | str) -> None:
     """Plot p50 and p99 latency against achieved QPS, one point per phase, to a PNG."""
     require_matplotlib()
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display needed; must precede pyplot
-    import matplotlib.pyplot as plt
+    # Imported by name so the module (and mypy) never needs matplotlib installed.
+    importlib.import_module("matplotlib").use("Agg")  # no display needed; must precede pyplot
+    plt = importlib.import_module("matplotlib.pyplot")
 
     points = [r for r in results if r.p50_ms is not None]
     if not points:

@@ -90,7 +90,10 @@ async def prepare_workload(config: BenchConfig) -> Workload:
         )
     else:
         found = await discover_rest(
-            Endpoint.parse(config.url), models, skip_metadata=skip, timeout_s=config.request_timeout_s
+            Endpoint.parse(config.url),
+            models,
+            skip_metadata=skip,
+            timeout_s=config.request_timeout_s,
         )
     unknown = skip - set(found.models)
     if unknown:
@@ -257,4 +260,3 @@ async def _cpu_at(at_ns: int) -> float:
 def _cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-

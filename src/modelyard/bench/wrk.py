@@ -141,9 +141,7 @@ async def run_wrk_phase(config: BenchConfig, workload: Workload, concurrency: in
         base = [binary, "-t", str(threads), "-c", str(concurrency), "-s", str(script)]
         base += ["--timeout", f"{math.ceil(config.request_timeout_s)}s"]
         if config.warmup_s > 0:
-            await _run(
-                [*base, "-d", _seconds(config.warmup_s), endpoint.origin], config.warmup_s
-            )
+            await _run([*base, "-d", _seconds(config.warmup_s), endpoint.origin], config.warmup_s)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         stdout = await _run(
             [*base, "-d", _seconds(config.duration_s), endpoint.origin], config.duration_s

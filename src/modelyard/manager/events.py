@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from modelyard.manager.records import ModelKey
@@ -18,6 +19,8 @@ class Event:
     model: str
     version: str
     message: str
+    duration_s: float | None = None
+    """How long the thing took (loads), when it has a duration."""
 
     def to_dict(self) -> dict[str, object]:
         """JSON form."""
@@ -27,6 +30,7 @@ class Event:
             "model": self.model,
             "version": self.version,
             "message": self.message,
+            "duration_s": self.duration_s,
         }
 
 
@@ -35,11 +39,17 @@ class EventLog:
 
     def __init__(self, maxlen: int = 200) -> None:
         self._events: deque[Event] = deque(maxlen=maxlen)
-        self.listeners: list[object] = []
+        self.listeners: list[Callable[[Event], None]] = []
+        """Called with every new event (metrics count them); must not raise or block."""
 
-    def add(self, kind: str, key: ModelKey, message: str) -> None:
+    def add(
+        self, kind: str, key: ModelKey, message: str, duration_s: float | None = None
+    ) -> None:
         """Record an event (wall-clock time: it is shown to people, not used for deadlines)."""
-        self._events.append(Event(time.time(), kind, key.name, key.version, message))
+        event = Event(time.time(), kind, key.name, key.version, message, duration_s)
+        self._events.append(event)
+        for listener in self.listeners:
+            listener(event)
 
     def recent(self, limit: int = 50) -> list[Event]:
         """The newest ``limit`` events, newest first."""

@@ -278,6 +278,7 @@ class ModelManager:
                 record.key,
                 f"in {record.timings.total_s * 1000:.1f} ms, "
                 f"{(record.measured_bytes or 0) / _MIB:.1f} MiB measured",
+                duration_s=record.timings.total_s,
             )
             log.info(
                 "loaded %s in %.1f ms (queue %.1f, start %.1f, load %.1f, warm-up %.1f ms); "

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
+from modelyard.clock import Clock
 from modelyard.errors import ServerError
+from modelyard.scheduling import ModelScheduler, SchedulerConfig
 
 
 class FakeClock:
@@ -109,3 +112,14 @@ async def settle(condition: Callable[[], bool], *, steps: int = 1000) -> None:
             return
         await asyncio.sleep(0)
     raise AssertionError("condition not reached")
+
+
+class MakeScheduler(Protocol):
+    """The ``make_scheduler`` fixture: builds a scheduler that is closed at teardown."""
+
+    def __call__(
+        self,
+        config: SchedulerConfig | None = None,
+        model: FakeModel | None = None,
+        clock: Clock | None = None,
+    ) -> ModelScheduler: ...

@@ -1,0 +1,118 @@
+"""The `modelyard` CLI as a user runs it: build the example repository, serve, query."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from modelyard.config.settings import load_settings
+
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _modelyard(*args: str) -> list[str]:
+    return [sys.executable, "-m", "modelyard.cli", *args]
+
+
+@pytest.fixture(scope="module")
+def example_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("example")
+    out = subprocess.run(
+        _modelyard("example", str(root), "--no-minilm"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert "modelyard.yaml" in out.stdout
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(example_repo: Path) -> Iterator[str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        _modelyard(
+            "serve",
+            "--config",
+            str(example_repo / "modelyard.yaml"),
+            "--http-port",
+            str(port),
+            "--grpc-port",
+            str(_free_port()),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            try:
+                if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        else:
+            pytest.fail("server did not become ready in 120 s")
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail("server did not stop within 30 s of SIGTERM")
+
+
+def test_example_config_is_valid(example_repo: Path) -> None:
+    settings = load_settings(example_repo / "modelyard.yaml")
+    names = {m.name for m in settings.models}
+    assert {"digits-logreg", "iris-logreg", "mlp-50mb", "identity"} <= names
+
+
+def test_readme_curl_line_works(server: str) -> None:
+    r = httpx.post(
+        f"{server}/predict",
+        json={"model": "iris-logreg", "inputs": {"input": [5.1, 3.5, 1.4, 0.2]}},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"]["label"] == [0]
+
+
+def test_models_command_lists_states(server: str) -> None:
+    out = subprocess.run(
+        _modelyard("models", "--url", server), capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "digits-logreg" in out.stdout
+    assert "READY" in out.stdout
+
+
+def test_bad_config_is_reported_with_file_and_field(tmp_path: Path) -> None:
+    cfg = tmp_path / "modelyard.yaml"
+    cfg.write_text("models:\n  - name: a\n    path: a\n    memory_mb: -3\n", encoding="utf-8")
+    out = subprocess.run(
+        _modelyard("serve", "--config", str(cfg)), capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2
+    assert str(cfg) in out.stderr
+    assert "models.0.memory_mb" in out.stderr

@@ -1,0 +1,56 @@
+"""modelyard.yaml validation: every mistake names the file, the field and the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from modelyard.config.settings import ConfigError, load_settings
+
+BAD = [
+    ("negative-memory", "models:\n  - {name: a, path: a, memory_mb: -1}\n", "models.0.memory_mb"),
+    ("unknown-field", "models:\n  - {name: a, path: a, colour: red}\n", "models.0.colour"),
+    ("bad-runtime", "models:\n  - {name: a, path: a, runtime: tf}\n", "models.0.runtime"),
+    ("bad-name", "models:\n  - {name: 'a b', path: a}\n", "models.0.name"),
+    ("python-no-class", "models:\n  - {name: a, path: a, runtime: python}\n", "needs 'class"),
+    ("dup-names", "models:\n  - {name: a, path: a}\n  - {name: a, path: b}\n", "repeated: a"),
+    ("bad-port", "http_port: 70000\n", "http_port"),
+    ("unknown-device", "models:\n  - {name: a, path: a, device: 'cuda:0'}\n", "unknown device"),
+    ("not-a-mapping", "- 1\n- 2\n", "top level must be a mapping"),
+    ("bad-yaml", "models: [\n", "not valid YAML"),
+]
+
+
+@pytest.mark.parametrize(("text", "fragment"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_mistakes_are_reported(tmp_path: Path, text: str, fragment: str) -> None:
+    cfg = tmp_path / "modelyard.yaml"
+    cfg.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_settings(cfg)
+    assert str(cfg) in str(info.value)
+    assert fragment in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(tmp_path / "nope.yaml")
+
+
+def test_precedence_flags_over_env_over_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "modelyard.yaml"
+    cfg.write_text("http_port: 1000\ngrpc_port: 2000\nlog_level: debug\n", encoding="utf-8")
+    monkeypatch.setenv("MODELYARD_GRPC_PORT", "3000")
+    monkeypatch.setenv("MODELYARD_HTTP_PORT", "4000")
+    s = load_settings(cfg, http_port=5000)
+    assert (s.http_port, s.grpc_port, s.log_level) == (5000, 3000, "debug")
+
+
+def test_relative_paths_resolve_from_the_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "sub" / "modelyard.yaml"
+    cfg.parent.mkdir()
+    cfg.write_text("model_repository: repo\nmodels:\n  - {name: a, path: a}\n", encoding="utf-8")
+    s = load_settings(cfg)
+    assert s.model_path(s.models[0]) == (tmp_path / "sub" / "repo" / "a").resolve()
