@@ -20,7 +20,9 @@ from modelyard.errors import ModelNotReadyError
 from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.app import create_app
 from modelyard.manager.manager import ModelManager
+from modelyard.manager.poller import RepositoryPoller
 from modelyard.manager.records import ModelRecord
+from modelyard.manager.versions import VersionController
 from modelyard.scheduling.config import SchedulerConfig
 from modelyard.scheduling.scheduler import ModelScheduler
 from modelyard.workers.inline import InlineInstance
@@ -40,6 +42,12 @@ class App:
             on_ready=self._on_ready,
             on_unloaded=self._on_unloaded,
         )
+        self.versions = VersionController(self.manager, settings.rollback_grace_s)
+        self.poller: RepositoryPoller | None = None
+        if settings.model_control_mode == "poll":
+            self.poller = RepositoryPoller(
+                self.manager, self.versions, settings.poll_interval_s, settings.poll_settle_s
+            )
         self.dataplane = DataPlane(self.manager)
         self._http: uvicorn.Server | None = None
         self._http_task: asyncio.Task[None] | None = None
@@ -128,6 +136,8 @@ class App:
         if s.grpc_port is not None:
             await self._start_grpc()
         await self.manager.start()
+        if self.poller is not None:
+            self.poller.start()
         self.dataplane.is_serving = True
         log.info(
             "modelyard serving %d model(s) on http://%s:%s%s",
@@ -162,6 +172,9 @@ class App:
 
             await stop_grpc_server(self._grpc, 5.0)
             self._grpc = None
+        if self.poller is not None:
+            await self.poller.close()
+        await self.versions.close()
         await self.manager.close()
         await asyncio.gather(*self._closing_tasks, return_exceptions=True)
         if self._http is not None:

@@ -114,11 +114,11 @@ def summary_to_result(summary: WrkSummary, concurrency: int, cpu_s: float) -> Be
         ok=ok,
         duration_s=duration_s,
         qps=summary.requests / duration_s,
-        mean_ms=summary.mean_us / 1000 if has_latency else None,
-        p50_ms=summary.p50_us / 1000 if has_latency else None,
-        p90_ms=summary.p90_us / 1000 if has_latency else None,
-        p99_ms=summary.p99_us / 1000 if has_latency else None,
-        max_ms=summary.max_us / 1000 if has_latency else None,
+        mean_ms=_ms(summary.mean_us) if has_latency else None,
+        p50_ms=_ms(summary.p50_us) if has_latency else None,
+        p90_ms=_ms(summary.p90_us) if has_latency else None,
+        p99_ms=_ms(summary.p99_us) if has_latency else None,
+        max_ms=_ms(summary.max_us) if has_latency else None,
         errors=dict(sorted(errors.items())),
         client_cpu_s=cpu_s,
         client_cpu_fraction=cpu_s / duration_s,
@@ -167,6 +167,10 @@ async def _run(argv: list[str], duration_s: float) -> str:
     if process.returncode != 0:
         raise TargetError(f"wrk exited with {process.returncode}:\n{text[-2000:]}")
     return text
+
+
+def _ms(microseconds: float) -> float:
+    return round(microseconds / 1000, 4)
 
 
 def _seconds(value: float) -> str:

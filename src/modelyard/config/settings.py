@@ -62,6 +62,12 @@ class ServerSettings(BaseSettings):
     """How often ``poll`` mode rescans the repository."""
     require_manifest: bool = False
     """Refuse versions without a SHA256 manifest."""
+    manifest_public_keys: list[str] = Field(default_factory=list)
+    """Ed25519 public keys (PEM file, PEM text or base64 raw) that manifests must be signed by."""
+    rollback_grace_s: float = Field(default=300.0, ge=0)
+    """How long a version replaced by a switch stays loaded for instant rollback."""
+    poll_settle_s: float = Field(default=2.0, ge=0)
+    """Poll mode: a version folder without a manifest is taken once unchanged this long."""
     devices: list[DeviceConfig] = Field(default_factory=lambda: [DeviceConfig(name="cpu")])
     """Devices and their byte budgets."""
     models: list[ModelConfig] = Field(default_factory=list)

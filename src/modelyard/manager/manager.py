@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
@@ -31,9 +32,16 @@ from modelyard.errors import (
 from modelyard.manager.budget import MemoryBudget
 from modelyard.manager.events import EventLog
 from modelyard.manager.eviction import EvictionPolicy, LruPolicy, select_victims
-from modelyard.manager.records import ModelEntry, ModelKey, ModelRecord
+from modelyard.manager.records import (
+    DEFAULT_ALIAS,
+    AliasRoute,
+    ModelEntry,
+    ModelKey,
+    ModelRecord,
+)
 from modelyard.manager.states import RESIDENT, ModelState, can_transition
 from modelyard.repository.layout import dir_size_bytes, served_versions
+from modelyard.repository.manifest import load_public_key, verify_manifest
 from modelyard.runtimes.base import RuntimeSpec
 from modelyard.workers.instance import ModelInstance, StartRequest
 
@@ -90,6 +98,8 @@ class ModelManager:
         self._budget_changed = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._rng = random.Random()
+        self._public_keys = [load_public_key(k) for k in settings.manifest_public_keys]
         for cfg in settings.models:
             self.add_model(cfg)
 
@@ -101,6 +111,9 @@ class ModelManager:
         entry = ModelEntry(config=config, path=path)
         self.entries[config.name] = entry
         self.refresh_versions(entry)
+        if config.default_version is not None:
+            self.record_for(config.name, config.default_version)
+            entry.aliases[DEFAULT_ALIAS] = AliasRoute(((config.default_version, 1.0),))
         return entry
 
     def refresh_versions(self, entry: ModelEntry) -> None:
@@ -130,23 +143,42 @@ class ModelManager:
     def resolve(self, name: str, version: str | None) -> ModelRecord:
         """The record serving ``name`` at ``version`` (a version, an alias, or the default)."""
         entry = self.entry(name)
-        if version in (None, ""):
-            version = entry.default
-            if version is None:
+        if not version:
+            route = entry.aliases.get(DEFAULT_ALIAS)
+            if route is None:
                 if not entry.versions:
                     raise ModelNotFoundError(
                         f"model {name!r} has no version folders in {entry.path}"
                     )
-                version = max(entry.versions, key=int)
-        assert version is not None
-        version = entry.aliases.get(version, version)
+                return entry.versions[max(entry.versions, key=int)]
+            version = route.pick(self._rng)
+        else:
+            route = entry.aliases.get(version)
+            if route is not None:
+                version = route.pick(self._rng)
         try:
             return entry.versions[version]
         except KeyError:
             known = ", ".join(sorted(entry.versions, key=int)) or "none"
+            aliases = ", ".join(sorted(entry.aliases)) or "none"
             raise ModelNotFoundError(
-                f"model {name!r} has no version {version!r} (served versions: {known})"
+                f"model {name!r} has no version {version!r} "
+                f"(served versions: {known}; aliases: {aliases})"
             ) from None
+
+    def record_for(self, name: str, version: str) -> ModelRecord:
+        """The record of a version on disk, created if the policy did not list it."""
+        entry = self.entry(name)
+        record = entry.versions.get(version)
+        if record is None:
+            path = entry.path / version
+            if not version.isdigit() or not path.is_dir():
+                raise ModelNotFoundError(f"model {name!r} has no version folder {version!r}")
+            record = ModelRecord(
+                key=ModelKey(name, version), config=entry.config, path=path, pinned=entry.config.pinned
+            )
+            entry.versions[version] = record
+        return record
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -249,6 +281,20 @@ class ModelManager:
                 async with self._budget_changed:
                     await self._budget_changed.wait()
             t0 = time.monotonic()
+            try:
+                verified = await asyncio.to_thread(
+                    verify_manifest,
+                    record.path,
+                    public_keys=self._public_keys,
+                    require=self._settings.require_manifest,
+                )
+            except ServerError as exc:
+                self._set_state(record, ModelState.FAILED, str(exc))
+                self.events.add("verify_failed", record.key, str(exc))
+                log.error("refusing %s: %s", record.key, exc)
+                return
+            if not verified:
+                log.warning("%s has no manifest; loading it unverified", record.key)
             need = self.estimate_bytes(record)
             try:
                 await self._admit(record, need, deadline)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,14 +93,47 @@ class ModelRecord:
         return max(queued, self.in_flight)
 
 
+@dataclass(frozen=True, slots=True)
+class AliasRoute:
+    """Where an alias sends traffic: one version, or a weighted split (canary)."""
+
+    targets: tuple[tuple[str, float], ...]
+    """``(version, weight)`` pairs; weights need not sum to 1."""
+
+    @property
+    def versions(self) -> list[str]:
+        """The versions this route can pick."""
+        return [v for v, _ in self.targets]
+
+    def pick(self, rng: random.Random) -> str:
+        """One version, chosen by weight."""
+        if len(self.targets) == 1:
+            return self.targets[0][0]
+        total = sum(w for _, w in self.targets)
+        x = rng.random() * total
+        for version, weight in self.targets:
+            x -= weight
+            if x < 0:
+                return version
+        return self.targets[-1][0]
+
+    def to_dict(self) -> dict[str, float]:
+        """``{version: weight}``."""
+        return dict(self.targets)
+
+
+DEFAULT_ALIAS = "default"
+"""The alias requests get when they name no version."""
+
+
 @dataclass(eq=False)
 class ModelEntry:
-    """A configured model: its config and its known versions."""
+    """A configured model: its config, its known versions and its aliases."""
 
     config: ModelConfig
     path: Path
     versions: dict[str, ModelRecord] = field(default_factory=dict)
-    aliases: dict[str, str] = field(default_factory=dict)
-    """Alias name → version (``stable``, ``canary``, …)."""
-    default: str | None = None
-    """Version (or alias) used when a request names none."""
+    aliases: dict[str, AliasRoute] = field(default_factory=dict)
+    """Alias name → route (``default``, ``stable``, ``canary``, …)."""
+    alias_history: dict[str, list[AliasRoute]] = field(default_factory=dict)
+    """Previous routes of each alias, newest last (for rollback)."""

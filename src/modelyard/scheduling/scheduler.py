@@ -34,7 +34,7 @@ import itertools
 import logging
 import math
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from enum import Enum
 
 import numpy as np
@@ -45,33 +45,24 @@ from modelyard.errors import (
     DeadlineExceededError,
     InternalError,
     InvalidInputError,
-    ModelLoadError,
     ModelNotReadyError,
     OverloadedError,
     ServerError,
-    WorkerCrashedError,
 )
 from modelyard.scheduling.adaptive import AdaptiveBatchController
-from modelyard.scheduling.batcher import (
-    batch_key,
-    concat_inputs,
-    row_count,
-    select_batch,
-    split_outputs,
-)
+from modelyard.scheduling.batcher import batch_key, row_count, select_batch
 from modelyard.scheduling.breaker import BreakerState, CircuitBreaker
 from modelyard.scheduling.config import SchedulerConfig
+from modelyard.scheduling.dispatcher import CallReport, Execute, call_model
 from modelyard.scheduling.request_queue import QueuedRequest, RequestQueue, RequestState
 
-logger = logging.getLogger(__name__)
+__all__ = ["BatchHook", "Execute", "ModelScheduler"]
 
-Execute = Callable[[dict[str, np.ndarray], float], Awaitable[dict[str, np.ndarray]]]
-"""``execute(batched_inputs, deadline_monotonic) -> outputs``; raises ServerError subclasses."""
+logger = logging.getLogger(__name__)
 
 BatchHook = Callable[[int, list[float], float], None]
 """``on_batch(batch_rows, queue_wait_s_per_request, compute_s)``, called after each model call."""
 
-_MODEL_FAULTS = (WorkerCrashedError, ModelLoadError, DeadlineExceededError, InternalError)
 _RETRY_AFTER_BOUNDS_S = (0.01, 30.0)
 _EWMA_ALPHA = 0.2
 
@@ -178,7 +169,8 @@ class ModelScheduler:
         """Run ``inputs`` on the model, batched with others when possible; return outputs.
 
         ``priority`` (1 is the highest; None: the configured default) orders the queue;
-        ``deadline`` is absolute monotonic seconds (the scheduler's clock). Raises
+        ``deadline`` is absolute monotonic seconds on the scheduler's clock (``math.inf``:
+        none). Raises
         ``ModelNotReadyError`` (not started, draining, closed), ``InvalidInputError``
         (bad priority), ``OverloadedError`` (queue full), ``CircuitOpenError``,
         ``DeadlineExceededError``, or whatever typed error the model call raised.
@@ -222,7 +214,7 @@ class ModelScheduler:
         self._queue.push(request)
         self._counts["accepted"] += 1
         self._wakeup.set()
-        timeout = asyncio.timeout(deadline - now)
+        timeout = asyncio.timeout(None if math.isinf(deadline) else deadline - now)
         try:
             async with timeout:
                 return await request.future
@@ -320,7 +312,7 @@ class ModelScheduler:
                 return
             # No await between taking the batch and registering its task: whatever
             # happens next, the done callback answers the requests and frees the slot.
-            task = asyncio.create_task(self._call_model(batch), name=f"modelyard-batch-{self.name}")
+            task = asyncio.create_task(self._run_batch(batch), name=f"modelyard-batch-{self.name}")
             self._batches[task] = batch
             task.add_done_callback(self._batch_done)
 
@@ -379,92 +371,63 @@ class ModelScheduler:
                 request.state = RequestState.DONE
                 self._fail(request, self._circuit_open_error(), "rejected_circuit")
 
-    async def _call_model(self, batch: list[QueuedRequest]) -> None:
-        """One model call for ``batch``; answer each request, feed breaker and metrics."""
-        start = self._clock.monotonic()
+    async def _run_batch(self, batch: list[QueuedRequest]) -> None:
+        """Call the model for ``batch``; answer each request, feed breaker and metrics."""
+        now = self._clock.monotonic()
         runnable: list[QueuedRequest] = []
         for request in batch:
-            if request.future.done():
+            if request.future.done():  # its submitter left between dispatch and now
                 self._breaker.release([request.permit])
-            elif request.deadline <= start:
+            elif request.deadline <= now:
                 self._breaker.release([request.permit])
                 self._fail(request, self._deadline_error(request, was_run=False), "expired_queued")
             else:
                 runnable.append(request)
         if not runnable:
             return
-        deadline = min(r.deadline for r in runnable)
-        rows = [r.rows for r in runnable]
-        error: ServerError | None = None
-        parts: list[dict[str, np.ndarray]] = []
-        try:
-            outputs = await self._execute(concat_inputs([r.inputs for r in runnable]), deadline)
-        except ServerError as exc:
-            error = exc
-        except Exception as exc:
-            logger.exception("model %r: the model call raised", self.name)
-            error = InternalError(
-                f"model {self.name!r}: the model call raised {type(exc).__name__}: {exc}"
-            )
-        else:
-            try:
-                parts = split_outputs(outputs, rows)
-            except ValueError as exc:  # the model broke the batch contract
-                error = InternalError(f"model {self.name!r}: {exc}")
-        end = self._clock.monotonic()
-        compute_s = end - start
+        report = await call_model(self.name, self._execute, self._clock, runnable)
         self._counts["model_calls"] += 1
-        if isinstance(error, InvalidInputError) and len(runnable) > 1:
+        if isinstance(report.error, InvalidInputError) and len(runnable) > 1:
             # One bad request must not fail its neighbours: run each alone.
-            self._after_call(runnable, rows, start, compute_s, error=error, is_late=False)
+            self._after_call(report)
             for request in runnable:
-                await self._call_model([request])
+                await self._run_batch([request])
             return
-        is_late = error is None and end > deadline
-        if error is not None:
+        if report.error is not None:
             for request in runnable:
-                self._fail(request, _copy_error(error), "failed")
+                self._fail(request, _copy_error(report.error), "failed")
         else:
-            for request, part in zip(runnable, parts, strict=True):
-                if request.deadline <= end:
+            for request, outputs in zip(runnable, report.outputs, strict=True):
+                if request.deadline <= report.ended:
                     late = self._deadline_error(request, was_run=True)
                     self._fail(request, late, "expired_running")
                 elif not request.future.done():
-                    request.future.set_result(part)
+                    request.future.set_result(outputs)
                     self._counts["succeeded"] += 1
-        self._after_call(runnable, rows, start, compute_s, error=error, is_late=is_late)
+        self._after_call(report)
 
-    def _after_call(
-        self,
-        runnable: list[QueuedRequest],
-        rows: list[int],
-        start: float,
-        compute_s: float,
-        *,
-        error: ServerError | None,
-        is_late: bool,
-    ) -> None:
-        permits = [r.permit for r in runnable]
-        if is_late or isinstance(error, _MODEL_FAULTS):
+    def _after_call(self, report: CallReport) -> None:
+        permits = [r.permit for r in report.requests]
+        if report.is_model_fault:
             self._breaker.record(failed=True, permits=permits)
-        elif error is None:
+        elif report.error is None:
             self._breaker.record(failed=False, permits=permits)
         else:
             self._breaker.release(permits)
-        self._ewma_call_s = _ewma(self._ewma_call_s, compute_s)
-        self._ewma_call_requests = _ewma(self._ewma_call_requests, float(len(runnable)))
-        end = start + compute_s
+        self._ewma_call_s = _ewma(self._ewma_call_s, report.compute_s)
+        self._ewma_call_requests = _ewma(self._ewma_call_requests, float(len(report.requests)))
         if self._adaptive is not None and (
-            error is None or isinstance(error, DeadlineExceededError)
+            report.error is None or isinstance(report.error, DeadlineExceededError)
         ):
             self._adaptive.observe(
-                batch_size=sum(rows),
-                compute_s=compute_s,
-                latencies_s=[end - r.arrival for r in runnable],
+                batch_size=report.rows,
+                compute_s=report.compute_s,
+                latencies_s=[report.ended - r.arrival for r in report.requests],
             )
         if self.on_batch is not None:
+            waits_s = [report.started - r.arrival for r in report.requests]
             try:
-                self.on_batch(sum(rows), [start - r.arrival for r in runnable], compute_s)
+                self.on_batch(report.rows, waits_s, report.compute_s)
             except Exception:
                 logger.exception("model %r: on_batch hook failed; ignoring it", self.name)
 
@@ -479,12 +442,12 @@ class ModelScheduler:
             )
         for request in batch:
             request.state = RequestState.DONE
+            if request.future.done():
+                continue
             if self._state is _Lifecycle.CLOSED:
                 error: ServerError = self._not_ready_error("closed while the request ran")
             else:
-                error = InternalError(
-                    f"model {self.name!r}: the model call ended without an answer"
-                )
+                error = InternalError(f"model {self.name!r}: the call ended without an answer")
             self._fail(request, error, "failed")
 
     def _dispatcher_done(self, task: asyncio.Task[None]) -> None:

@@ -122,9 +122,11 @@ class ForkServerReady:
 
 @dataclass(frozen=True, slots=True)
 class SpawnWorker:
-    """Server → fork server: fork a worker on the two file descriptors sent alongside."""
+    """Server → fork server: fork a worker on the two file descriptors sent alongside
+    (its channel socket and its region memfd of ``region_bytes``)."""
 
     token: int
+    region_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +218,7 @@ def _to_wire(msg: Message) -> dict[str, object]:
     if isinstance(msg, ForkServerReady):
         return {"t": "R", "pid": msg.pid, "th": msg.threads, "is": msg.import_s}
     if isinstance(msg, SpawnWorker):
-        return {"t": "S", "k": msg.token}
+        return {"t": "S", "k": msg.token, "r": msg.region_bytes}
     if isinstance(msg, WorkerSpawned):
         return {"t": "P", "k": msg.token, "pid": msg.pid}
     if isinstance(msg, SpawnFailed):
@@ -245,7 +247,7 @@ def _from_wire(d: dict[str, Any]) -> Message:
     if t == "R":
         return ForkServerReady(d["pid"], d["th"], d["is"])
     if t == "S":
-        return SpawnWorker(d["k"])
+        return SpawnWorker(d["k"], d["r"])
     if t == "P":
         return WorkerSpawned(d["k"], d["pid"])
     if t == "F":

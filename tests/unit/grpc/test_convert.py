@@ -371,3 +371,9 @@ def test_unset_parameters_are_skipped() -> None:
     msg.parameters["empty"].SetInParent()
     msg.parameters["set"].string_param = "v"
     assert parameters_from_proto(msg.parameters) == {"set": "v"}
+
+
+def test_output_with_unknown_datatype_is_an_internal_error() -> None:
+    arr = np.zeros(2, dtype=np.float32)
+    with pytest.raises(InternalError, match="unknown datatype 'FP8'"):
+        response_to_proto(InferResponse("m", "1", [InferOutput("y", "FP8", (2,), arr)]))

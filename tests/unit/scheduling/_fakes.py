@@ -80,7 +80,9 @@ class FakeModel:
     def release(self) -> None:
         self.gate.set()
 
-    async def __call__(self, inputs: dict[str, np.ndarray], deadline: float) -> dict[str, np.ndarray]:
+    async def __call__(
+        self, inputs: dict[str, np.ndarray], deadline: float
+    ) -> dict[str, np.ndarray]:
         self.calls.append(Call(inputs, deadline))
         self.entered.set()
         self.running += 1

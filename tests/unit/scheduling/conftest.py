@@ -22,9 +22,7 @@ async def make_scheduler() -> AsyncIterator[MakeScheduler]:
         model: FakeModel | None = None,
         clock: Clock | None = None,
     ) -> ModelScheduler:
-        scheduler = ModelScheduler(
-            "m", config or SchedulerConfig(), model or FakeModel(), clock
-        )
+        scheduler = ModelScheduler("m", config or SchedulerConfig(), model or FakeModel(), clock)
         made.append(scheduler)
         return scheduler
 

@@ -25,6 +25,11 @@ def breaker(clock: FakeClock) -> CircuitBreaker:
     return CircuitBreaker(CONFIG, clock)
 
 
+def state(breaker: CircuitBreaker) -> BreakerState:
+    # A function, not the property: mypy would narrow the property across transitions.
+    return breaker.state
+
+
 def admit(breaker: CircuitBreaker) -> Permit:
     permit = breaker.admit()
     assert permit is not None
@@ -34,21 +39,21 @@ def admit(breaker: CircuitBreaker) -> Permit:
 def open_it(breaker: CircuitBreaker) -> None:
     for _ in range(2):
         breaker.record(failed=True, permits=[admit(breaker)])
-    assert breaker.state is BreakerState.OPEN
+    assert state(breaker) is BreakerState.OPEN
 
 
 def test_one_failure_below_min_calls_does_not_open(breaker: CircuitBreaker) -> None:
     breaker.record(failed=True, permits=[admit(breaker)])
-    assert breaker.state is BreakerState.CLOSED  # 1/1 failed, but 1 outcome < min_calls
+    assert state(breaker) is BreakerState.CLOSED  # 1/1 failed, but 1 outcome < min_calls
 
 
 def test_opens_when_the_sliding_window_reaches_the_ratio(breaker: CircuitBreaker) -> None:
     for failed in (False, False, True, False):
         breaker.record(failed=failed, permits=[admit(breaker)])
-    assert breaker.state is BreakerState.CLOSED  # ok ok FAIL ok: 1/4
+    assert state(breaker) is BreakerState.CLOSED  # ok ok FAIL ok: 1/4
     breaker.record(failed=True, permits=[admit(breaker)])
     # The oldest "ok" slid out: ok FAIL ok FAIL is 2/4 >= 0.5.
-    assert breaker.state is BreakerState.OPEN
+    assert state(breaker) is BreakerState.OPEN
     assert breaker.snapshot()["times_opened"] == 1
 
 
@@ -60,12 +65,13 @@ def test_full_cycle_closed_open_half_open_closed(breaker: CircuitBreaker, clock:
     assert breaker.retry_after_s() == pytest.approx(1.0)
     assert breaker.admit() is None
     clock.advance(1)
-    assert breaker.state is BreakerState.HALF_OPEN
+    assert state(breaker) is BreakerState.HALF_OPEN
     first, second = admit(breaker), admit(breaker)
-    assert first.is_probe and second.is_probe
+    assert first.is_probe
+    assert second.is_probe
     assert breaker.admit() is None  # only half_open_probes at once
     breaker.record(failed=False, permits=[first])
-    assert breaker.state is BreakerState.CLOSED
+    assert state(breaker) is BreakerState.CLOSED
     assert breaker.snapshot()["window_outcomes"] == 0  # a fresh window
 
 
@@ -76,7 +82,7 @@ def test_failed_probe_reopens_for_another_cooldown(
     clock.advance(COOLDOWN_S)
     probe = admit(breaker)
     breaker.record(failed=True, permits=[probe])
-    assert breaker.state is BreakerState.OPEN
+    assert state(breaker) is BreakerState.OPEN
     assert breaker.opened_until == pytest.approx(clock.now_s + COOLDOWN_S)
     assert breaker.times_opened == 2
 
@@ -96,8 +102,8 @@ def test_outcomes_from_an_earlier_generation_are_ignored(
     stale = admit(breaker)  # admitted while closed, still running when it opens
     open_it(breaker)
     clock.advance(COOLDOWN_S)
-    assert breaker.state is BreakerState.HALF_OPEN
+    assert state(breaker) is BreakerState.HALF_OPEN
     breaker.record(failed=False, permits=[stale])
-    assert breaker.state is BreakerState.HALF_OPEN  # a stale success cannot close it
+    assert state(breaker) is BreakerState.HALF_OPEN  # a stale success cannot close it
     assert not breaker.may_run(stale)
     assert breaker.may_run(admit(breaker))

@@ -19,7 +19,7 @@ import numpy as np
 
 from modelyard.errors import InternalError, InvalidInputError
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
-from modelyard.protocol.datatypes import numpy_dtype
+from modelyard.protocol.datatypes import DATATYPES, numpy_dtype
 from modelyard.protocol.tensors import array_from_binary, binary_bytes, check_shape
 from modelyard.protocol.types import (
     InferInput,
@@ -73,7 +73,7 @@ def parameters_from_proto(params: Mapping[str, pb.InferParameter]) -> dict[str, 
     return result
 
 
-def set_parameter(param: pb.InferParameter, key: str, value: object) -> None:
+def _set_parameter(param: pb.InferParameter, key: str, value: object) -> None:
     """Store one Python value in an ``InferParameter``."""
     # bool first: it is an int subclass.
     if isinstance(value, bool | np.bool_):
@@ -102,7 +102,7 @@ def parameters_to_proto(
 ) -> None:
     """Copy plain Python values into an ``InferParameter`` map field."""
     for key, value in values.items():
-        set_parameter(target[key], key, value)
+        _set_parameter(target[key], key, value)
 
 
 def _priority(params: Mapping[str, Any]) -> int | None:
@@ -190,7 +190,9 @@ def _raw_bytes(out: InferOutput) -> bytes:
 
 
 def _check_output(out: InferOutput) -> None:
-    numpy_dtype(out.datatype)
+    # A bad output is the server's fault, not the client's: INTERNAL, not INVALID_ARGUMENT.
+    if out.datatype not in DATATYPES:
+        raise InternalError(f"output {out.name!r} has unknown datatype {out.datatype!r}")
     if math.prod(out.shape) != out.array.size:
         raise InternalError(
             f"output {out.name!r}: shape {list(out.shape)} does not match its "

@@ -4,22 +4,71 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from modelyard.frontends.http.app import _guard, json_response
+from modelyard.errors import InvalidInputError
 from modelyard.manager.manager import ModelManager
+from modelyard.manager.records import DEFAULT_ALIAS
+from modelyard.manager.versions import VersionController
 from modelyard.manager.stats import manager_stats
 
 
 class _HasManager(Protocol):
     manager: ModelManager
+    versions: VersionController
+
+
+async def _optional_json(request: Request) -> dict[str, Any]:
+    body = await request.body()
+    if not body.strip():
+        return {}
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInputError("request body must be a JSON object")
+    return doc
+
+
+def _targets(doc: dict[str, Any]) -> dict[str, float]:
+    if "version" in doc:
+        return {str(doc["version"]): 1.0}
+    versions = doc.get("versions")
+    if not isinstance(versions, dict) or not versions:
+        raise InvalidInputError(
+            'body must be {"version": "2"} or {"versions": {"1": 90, "2": 10}}'
+        )
+    try:
+        return {str(v): float(w) for v, w in versions.items()}
+    except (TypeError, ValueError):
+        raise InvalidInputError("alias weights must be numbers") from None
 
 
 def admin_routes(app: _HasManager) -> list[BaseRoute]:
-    """``GET /v2/stats``, ``POST /v2/repository/models/{m}/pin`` and ``/unpin``."""
+    """Stats, pin/unpin, aliases (blue-green switch) and rollback."""
     manager = app.manager
+    versions = app.versions
+
+    async def list_aliases(request: Request) -> Response:
+        name = request.path_params["model"]
+        return json_response({"name": name, "aliases": versions.aliases(name)})
+
+    async def set_alias(request: Request) -> Response:
+        p = request.path_params
+        route = await versions.set_alias(p["model"], p["alias"], _targets(await _optional_json(request)))
+        return json_response({"name": p["model"], "alias": p["alias"], "versions": route})
+
+    async def rollback(request: Request) -> Response:
+        name = request.path_params["model"]
+        doc = await _optional_json(request)
+        alias = str(doc.get("alias", DEFAULT_ALIAS))
+        route = await versions.rollback(name, alias)
+        return json_response({"name": name, "alias": alias, "versions": route})
 
     async def stats(request: Request) -> Response:
         return json_response(manager_stats(manager))
@@ -41,4 +90,11 @@ def admin_routes(app: _HasManager) -> list[BaseRoute]:
         Route("/v2/stats", _guard(stats), methods=["GET"]),
         Route("/v2/repository/models/{model}/pin", _guard(pin), methods=["POST"]),
         Route("/v2/repository/models/{model}/unpin", _guard(unpin), methods=["POST"]),
+        Route("/v2/repository/models/{model}/aliases", _guard(list_aliases), methods=["GET"]),
+        Route(
+            "/v2/repository/models/{model}/aliases/{alias}",
+            _guard(set_alias),
+            methods=["POST", "PUT"],
+        ),
+        Route("/v2/repository/models/{model}/rollback", _guard(rollback), methods=["POST"]),
     ]

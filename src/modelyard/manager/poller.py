@@ -1,0 +1,95 @@
+"""Poll mode (``--model-control-mode poll``): follow version folders as they come and go."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from modelyard.errors import ServerError
+from modelyard.manager.manager import ModelManager
+from modelyard.manager.records import DEFAULT_ALIAS, AliasRoute, ModelEntry
+from modelyard.manager.versions import VersionController
+from modelyard.repository.layout import served_versions
+from modelyard.repository.watcher import RepositoryWatcher
+
+log = logging.getLogger("modelyard.poller")
+
+
+class RepositoryPoller:
+    """Rescans every model folder; new versions are verified, loaded and switched to."""
+
+    def __init__(
+        self,
+        manager: ModelManager,
+        versions: VersionController,
+        interval_s: float,
+        settle_s: float,
+    ) -> None:
+        self.manager = manager
+        self.versions = versions
+        self.interval_s = interval_s
+        self.watcher = RepositoryWatcher(settle_s)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start polling in the background."""
+        for entry in self.manager.entries.values():
+            # What was there at start-up is known already; only changes matter.
+            self.watcher.scan(entry.path, set(entry.versions))
+        self._task = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        """Stop polling."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            for entry in list(self.manager.entries.values()):
+                try:
+                    await self.poll_once(entry)
+                except Exception:  # one model's trouble must not stop polling the others
+                    log.exception("polling %s failed", entry.config.name)
+
+    async def poll_once(self, entry: ModelEntry) -> None:
+        """Apply one scan of ``entry``'s folder."""
+        name = entry.config.name
+        result = await asyncio.to_thread(self.watcher.scan, entry.path, set(entry.versions))
+        for version in result.removed:
+            await self._remove(entry, version)
+        if not result.ready:
+            return
+        allowed = {str(v) for v in served_versions(entry.path, entry.config.version_policy)}
+        for version in result.ready:
+            record = self.manager.record_for(name, version)
+            log.info("new version %s found", record.key)
+        newest = max((v for v in result.ready if v in allowed), key=int, default=None)
+        current = self.versions.current_versions(entry, DEFAULT_ALIAS)
+        if newest is None or (current and int(newest) <= max(int(v) for v in current)):
+            return
+        try:
+            await self.versions.set_alias(name, DEFAULT_ALIAS, {newest: 1.0})
+        except ServerError as exc:
+            log.error("version %s:%s refused; %s keeps serving: %s", name, newest, current, exc)
+
+    async def _remove(self, entry: ModelEntry, version: str) -> None:
+        name = entry.config.name
+        record = entry.versions.get(version)
+        if record is None:
+            return
+        for alias, route in list(entry.aliases.items()):
+            if version in route.versions:
+                rest = [(v, w) for v, w in route.targets if v != version]
+                if rest:
+                    entry.aliases[alias] = AliasRoute(tuple(rest))
+                else:
+                    del entry.aliases[alias]
+        log.info("version folder %s removed; draining and unloading", record.key)
+        with contextlib.suppress(ServerError):
+            await self.manager.unload(name, version)
+        entry.versions.pop(version, None)

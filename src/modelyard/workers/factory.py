@@ -1,0 +1,395 @@
+"""WorkerFactory: starts worker processes, warm (forked) or cold (spawned).
+
+The server creates one factory at start-up and closes it at shutdown::
+
+    factory = WorkerFactory()             # or WorkerFactory(WorkerFactoryConfig(...))
+    await factory.start()                 # fork server up, memory-limit backend chosen
+    instance = ProcessInstance(factory)
+    ...
+    await factory.close()                 # fork server and any worker left are killed
+
+With ``start_method="fork"`` (the default) workers are forked by the fork server
+(``forkserver.py``), which reaps them and reports their exit status over its control
+socket. With ``"spawn"`` each worker is a fresh ``python -m modelyard.workers.main``
+whose exit the server watches through a pidfd; that mode exists as a fallback and for
+comparison in ``bench/bench_isolation.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Literal
+
+from modelyard.workers.channel import MIN_REGION_BYTES, SharedRegion, socket_pair
+from modelyard.workers.forkserver import DEFAULT_PRELOAD
+from modelyard.workers.limits import BackendChoice, MemoryLimiter, detect_limiter
+from modelyard.workers.messages import (
+    ForkServerReady,
+    Message,
+    MessageError,
+    SpawnFailed,
+    SpawnWorker,
+    WorkerExited,
+    WorkerSpawned,
+    decode,
+    encode,
+)
+
+_log = logging.getLogger(__name__)
+
+StartMethod = Literal["fork", "spawn"]
+_THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+class WorkerStartError(OSError):
+    """A worker process could not be started (fork server gone, fork failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFactoryConfig:
+    """How workers are started and limited."""
+
+    start_method: StartMethod = "fork"
+    """``fork``: from the warm fork server; ``spawn``: a fresh interpreter per worker."""
+    preload: tuple[str, ...] = DEFAULT_PRELOAD
+    """Modules the fork server imports before forking."""
+    memory_limit_backend: BackendChoice = "auto"
+    """``auto`` picks cgroup2, then cgroup1, then rlimit + watchdog."""
+    watchdog_interval_s: float = 0.5
+    """How often the RSS watchdog samples a worker (rlimit backend only)."""
+    stop_grace_s: float = 2.0
+    """How long ``stop()`` waits for a worker to exit before SIGKILL."""
+    region_bytes: int = MIN_REGION_BYTES
+    """Initial size of each worker's shared tensor region (grown on demand)."""
+    python_executable: str = field(default_factory=lambda: sys.executable)
+    """Interpreter for the fork server and spawned workers."""
+    ready_timeout_s: float = 60.0
+    """How long the fork server may take to import and report ready."""
+
+
+class WorkerHandle:
+    """One started worker process: its pid, a future of its exit code, and kill()."""
+
+    def __init__(
+        self,
+        pid: int,
+        exited: asyncio.Future[int | None],
+        proc: subprocess.Popen[bytes] | None = None,
+    ) -> None:
+        self.pid = pid
+        self.start_method: StartMethod = "fork" if proc is None else "spawn"
+        self.exited = exited
+        """Resolves to the return code (negative: killed by that signal); None if unknown."""
+        self._proc = proc
+        self._pidfd: int | None = None
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            self._pidfd = None
+
+    def kill(self) -> None:
+        """SIGKILL the worker unless it has already exited (pidfd: no pid-reuse race)."""
+        if self.exited.done():
+            return
+        try:
+            if self._proc is not None:
+                self._proc.kill()
+            elif self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def close(self) -> None:
+        """Release the pidfd (after the exit is known)."""
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+class WorkerFactory:
+    """Starts workers; owns the fork server and the memory-limit backend."""
+
+    def __init__(
+        self, config: WorkerFactoryConfig | None = None, *, limiter: MemoryLimiter | None = None
+    ) -> None:
+        self.config = config or WorkerFactoryConfig()
+        self._limiter = limiter
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: subprocess.Popen[bytes] | None = None
+        self._ctl: socket.socket | None = None
+        self._ready: asyncio.Future[ForkServerReady] | None = None
+        self._spawns: dict[int, asyncio.Future[WorkerHandle]] = {}
+        self._exits: dict[int, asyncio.Future[int | None]] = {}
+        self._handles: dict[int, WorkerHandle] = {}
+        self._tokens = itertools.count(1)
+        self._closed = False
+        self.fork_server_info: ForkServerReady | None = None
+        """What the fork server reported when ready (pid, threads, import time)."""
+
+    # -------------------------------------------------------------------- lifecycle
+
+    @property
+    def limiter(self) -> MemoryLimiter:
+        """The memory-limit backend; set by :meth:`start`."""
+        if self._limiter is None:
+            raise RuntimeError("WorkerFactory.start() has not run")
+        return self._limiter
+
+    @property
+    def memory_limit_backend(self) -> str:
+        """Name of the active memory-limit backend: cgroup2, cgroup1 or rlimit."""
+        return self.limiter.name
+
+    @property
+    def is_running(self) -> bool:
+        """True between start() and close() while the fork server (if any) lives."""
+        if self._loop is None or self._closed:
+            return False
+        return self.config.start_method == "spawn" or self._ctl is not None
+
+    async def start(self) -> None:
+        """Choose the limit backend and, for ``fork``, start the fork server."""
+        self._loop = asyncio.get_running_loop()
+        if self._limiter is None:
+            choice = self.config.memory_limit_backend
+            self._limiter = await asyncio.to_thread(detect_limiter, choice)
+        _log.info("worker memory limits use the %s backend", self._limiter.name)
+        if self.config.start_method == "fork":
+            await self._start_fork_server()
+
+    async def __aenter__(self) -> WorkerFactory:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    def _child_env(self) -> dict[str, str]:
+        # One BLAS/OpenMP thread: the fork server must stay single-threaded, and a worker
+        # gets its parallelism from the runtime's own intra-op setting.
+        env = dict(os.environ)
+        for name in _THREAD_ENV:
+            env.setdefault(name, "1")
+        return env
+
+    async def _start_fork_server(self) -> None:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket_pair()
+        # Popen runs on the loop's thread on purpose: the fork server asks to die with
+        # the thread that started it (PR_SET_PDEATHSIG), and executor threads come and go.
+        self._server = subprocess.Popen(
+            [
+                self.config.python_executable,
+                "-m",
+                "modelyard.workers.forkserver",
+                "--ctl-fd",
+                str(theirs.fileno()),
+                "--parent-pid",
+                str(os.getpid()),
+                "--preload",
+                ",".join(self.config.preload),
+            ],
+            pass_fds=(theirs.fileno(),),
+            start_new_session=True,
+            env=self._child_env(),
+        )
+        theirs.close()
+        ours.setblocking(False)
+        self._ctl = ours
+        self._ready = loop.create_future()
+        loop.add_reader(ours.fileno(), self._on_ctl_readable)
+        try:
+            async with asyncio.timeout(self.config.ready_timeout_s):
+                info = await self._ready
+        except BaseException:
+            await self.close()
+            raise
+        self.fork_server_info = info
+        _log.info(
+            "fork server %d ready: imports took %.3fs, %d thread(s)",
+            info.pid,
+            info.import_s,
+            info.threads,
+        )
+
+    async def close(self) -> None:
+        """Kill every worker still running and stop the fork server."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in list(self._handles.values()):
+            handle.kill()
+        self._close_ctl("the worker factory closed")
+        server, self._server = self._server, None
+        if server is not None:
+            try:
+                await asyncio.to_thread(server.wait, 5.0)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                await asyncio.to_thread(server.wait)
+        if self._limiter is not None:
+            await asyncio.to_thread(self._limiter.close)
+
+    def _close_ctl(self, why: str) -> None:
+        ctl, self._ctl = self._ctl, None
+        if ctl is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(ctl.fileno())
+            ctl.close()
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(WorkerStartError(f"fork server failed to start: {why}"))
+        for fut in self._spawns.values():
+            if not fut.done():
+                fut.set_exception(WorkerStartError(f"fork server gone: {why}"))
+        self._spawns.clear()
+        # The fork server's children die with it (PR_SET_PDEATHSIG); their exit codes
+        # are lost with it.
+        for pid, fut in list(self._exits.items()):
+            if not fut.done():
+                fut.set_result(None)
+            self._handles.pop(pid, None)
+        self._exits.clear()
+
+    # --------------------------------------------------------------- fork server I/O
+
+    def _on_ctl_readable(self) -> None:
+        ctl = self._ctl
+        if ctl is None:
+            return
+        try:
+            data = ctl.recv(64 * 1024)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            if not self._closed:
+                _log.error("the fork server exited; workers cannot be started until restart")
+            self._close_ctl("the fork server exited")
+            return
+        try:
+            msg = decode(data)
+        except MessageError as exc:
+            _log.error("bad message from the fork server: %s", exc)
+            return
+        self._dispatch(msg)
+
+    def _dispatch(self, msg: Message) -> None:
+        if isinstance(msg, WorkerSpawned):
+            fut = self._spawns.pop(msg.token, None)
+            handle = self._track(msg.pid)
+            if fut is None or fut.done():
+                handle.kill()  # nobody waits for it any more (the launch was cancelled)
+            else:
+                fut.set_result(handle)
+        elif isinstance(msg, WorkerExited):
+            self._resolve_exit(msg.pid, msg.returncode)
+        elif isinstance(msg, SpawnFailed):
+            fut = self._spawns.pop(msg.token, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(WorkerStartError(msg.message))
+        elif isinstance(msg, ForkServerReady):
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(msg)
+
+    def _track(self, pid: int, proc: subprocess.Popen[bytes] | None = None) -> WorkerHandle:
+        assert self._loop is not None
+        exited: asyncio.Future[int | None] = self._loop.create_future()
+        handle = WorkerHandle(pid, exited, proc)
+        self._exits[pid] = exited
+        self._handles[pid] = handle
+        return handle
+
+    def _resolve_exit(self, pid: int, returncode: int | None) -> None:
+        fut = self._exits.pop(pid, None)
+        self._handles.pop(pid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(returncode)
+
+    # ------------------------------------------------------------------------ launch
+
+    async def launch(self, channel: socket.socket, region: SharedRegion) -> WorkerHandle:
+        """Start a worker on ``channel`` (its end of the socket pair) and ``region``.
+
+        The caller closes its copy of ``channel`` afterwards. WorkerStartError on failure.
+        """
+        if not self.is_running:
+            raise WorkerStartError("the worker factory is not running")
+        if self.config.start_method == "spawn":
+            return self._spawn(channel, region)
+        ctl = self._ctl
+        assert ctl is not None and self._loop is not None
+        token = next(self._tokens)
+        fut: asyncio.Future[WorkerHandle] = self._loop.create_future()
+        self._spawns[token] = fut
+        try:
+            socket.send_fds(
+                ctl, [encode(SpawnWorker(token, region.size))], [channel.fileno(), region.fd]
+            )
+        except OSError as exc:
+            self._spawns.pop(token, None)
+            raise WorkerStartError(f"cannot reach the fork server: {exc}") from exc
+        async with asyncio.timeout(self.config.ready_timeout_s):
+            return await fut
+
+    def _spawn(self, channel: socket.socket, region: SharedRegion) -> WorkerHandle:
+        fds = (channel.fileno(), region.fd)
+        try:
+            proc = subprocess.Popen(
+                [
+                    self.config.python_executable,
+                    "-m",
+                    "modelyard.workers.main",
+                    "--channel-fd",
+                    str(fds[0]),
+                    "--region-fd",
+                    str(fds[1]),
+                    "--region-bytes",
+                    str(region.size),
+                ],
+                pass_fds=fds,
+                start_new_session=True,
+                env=self._child_env(),
+            )
+        except OSError as exc:
+            raise WorkerStartError(f"cannot start a worker: {exc}") from exc
+        handle = self._track(proc.pid, proc)
+        self._watch_spawned(handle, proc)
+        return handle
+
+    def _watch_spawned(self, handle: WorkerHandle, proc: subprocess.Popen[bytes]) -> None:
+        loop = self._loop
+        assert loop is not None
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except (OSError, AttributeError):
+            pidfd = -1
+
+        if pidfd >= 0:
+
+            def readable() -> None:
+                loop.remove_reader(pidfd)
+                os.close(pidfd)
+                self._resolve_exit(proc.pid, proc.wait())
+
+            loop.add_reader(pidfd, readable)
+            return
+
+        # No pidfd (kernel before 5.3): a dedicated thread waits, not the shared executor.
+        def wait() -> None:
+            code = proc.wait()
+            loop.call_soon_threadsafe(self._resolve_exit, proc.pid, code)
+
+        threading.Thread(target=wait, name=f"wait-worker-{proc.pid}", daemon=True).start()
+

@@ -1,0 +1,144 @@
+"""The loop that runs inside a worker process: load one model, then serve batches.
+
+A worker is either forked by the fork server (``forkserver.py``) or, cold, started as
+``python -m modelyard.workers.main --channel-fd N --region-fd M``. Either way it gets
+two file descriptors: its end of the control socket and the shared tensor region.
+It sends :class:`Hello`, waits for :class:`Load`, answers :class:`Loaded` or
+:class:`Failed`, then answers each :class:`Infer` with :class:`InferDone` or
+:class:`Failed` until :class:`Stop` or end of stream. Errors travel as
+:class:`ErrorInfo` data, never as pickled exceptions.
+
+This module never imports the server's manager, scheduler or front ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+
+from modelyard.errors import ErrorCode, InternalError, ServerError
+from modelyard.runtimes import Runtime, create_runtime
+from modelyard.runtimes.errors import classify_runtime_error
+from modelyard.workers.channel import BlockingChannel, ChannelClosedError, SharedRegion
+from modelyard.workers.messages import (
+    ErrorInfo,
+    Failed,
+    Hello,
+    Infer,
+    InferDone,
+    Load,
+    Loaded,
+    Stop,
+)
+
+_PR_SET_PDEATHSIG = 1
+_MIB = 1024 * 1024
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent exits (Linux only)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _error_info(err: ServerError) -> ErrorInfo:
+    return ErrorInfo(err.code.value, err.message, traceback.format_exc())
+
+
+def _infer_error(exc: BaseException, limit_bytes: int | None) -> ErrorInfo:
+    if isinstance(exc, MemoryError):
+        limit = f"its memory limit of {limit_bytes // _MIB} MiB" if limit_bytes else "memory"
+        err: ServerError = InternalError(f"inference failed: the model ran out of {limit}")
+    else:
+        err = classify_runtime_error(exc)
+    return _error_info(err)
+
+
+def _load(runtime: Runtime, msg: Load) -> Loaded:
+    t0 = time.perf_counter()
+    runtime.load(msg.spec)
+    return Loaded(
+        msg.seq,
+        tuple(runtime.inputs),
+        tuple(runtime.outputs),
+        runtime.supports_batching,
+        time.perf_counter() - t0,
+    )
+
+
+def serve(channel_fd: int, region_fd: int, region_bytes: int) -> int:
+    """Run the worker on the two descriptors; the return value is the exit code."""
+    faulthandler.enable()
+    channel = BlockingChannel(socket.socket(fileno=channel_fd))
+    region = SharedRegion(region_fd, region_bytes)
+    try:
+        channel.send(Hello(os.getpid()))
+        return _serve(channel, region)
+    except ChannelClosedError:
+        return 0
+    finally:
+        channel.close()
+
+
+def _serve(channel: BlockingChannel, region: SharedRegion) -> int:
+    first = channel.recv()
+    if not isinstance(first, Load):
+        return 0 if first is None or isinstance(first, Stop) else 2
+    try:
+        runtime = create_runtime(first.spec.kind)
+        loaded = _load(runtime, first)
+    except Exception as exc:
+        message = f"model {first.spec.model_name!r} failed to load: {type(exc).__name__}: {exc}"
+        info = ErrorInfo(ErrorCode.MODEL_LOAD_FAILED.value, message, traceback.format_exc())
+        channel.send(Failed(first.seq, info))
+        return 1
+    channel.send(loaded)
+    limit = first.memory_limit_bytes
+    while True:
+        msg = channel.recv()
+        if msg is None or isinstance(msg, Stop):
+            runtime.close()
+            return 0
+        if not isinstance(msg, Infer):
+            continue
+        region.remap(msg.region_bytes)
+        try:
+            inputs = region.read(msg.tensors, copy=False)
+            outputs = runtime.infer(inputs)
+            del inputs
+            metas, _ = region.write(outputs, start=region.end_of(msg.tensors))
+        except Exception as exc:
+            channel.send(Failed(msg.seq, _infer_error(exc, limit)))
+            continue
+        channel.send(InferDone(msg.seq, region.size, metas))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of a cold-started worker."""
+    parser = argparse.ArgumentParser(prog="modelyard-worker")
+    parser.add_argument("--channel-fd", type=int, required=True)
+    parser.add_argument("--region-fd", type=int, required=True)
+    parser.add_argument("--region-bytes", type=int, required=True)
+    args = parser.parse_args(argv)
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    code = serve(args.channel_fd, args.region_fd, args.region_bytes)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: runtimes' static destructors (thread pools) are not
+    # worth running in a process that is going away.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""gRPC mode: stubs generated from bench_predict_v2.proto stand in for modelyard's own."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from modelyard.bench import BenchConfig, EngineUnavailableError, TargetError, run_bench
+from modelyard.bench.grpc_client import STUBS_PACKAGE, load_grpc_stubs
+
+protoc = pytest.importorskip("grpc_tools.protoc")
+
+PROTO = Path(__file__).with_name("bench_predict_v2.proto")
+PB2 = f"{STUBS_PACKAGE}.grpc_predict_v2_pb2"
+PB2_GRPC = f"{STUBS_PACKAGE}.grpc_predict_v2_pb2_grpc"
+MODELS = {
+    "add": [("x", "FP32", [-1, 4])],
+    "ints": [("i", "INT64", [2]), ("b", "BOOL", [1])],
+    "text": [("t", "BYTES", [1])],
+    "half": [("h", "FP16", [3])],
+    "flaky": [("x", "FP32", [1])],
+}
+
+
+@dataclass
+class Stubs:
+    pb2: ModuleType
+    pb2_grpc: ModuleType
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> Stubs:
+    out = tmp_path_factory.mktemp("stubs")
+    argv = ["protoc", f"-I{PROTO.parent}", f"--python_out={out}", f"--grpc_python_out={out}"]
+    assert protoc.main([*argv, PROTO.name]) == 0
+    modules = []
+    for name in ("bench_predict_v2_pb2", "bench_predict_v2_pb2_grpc"):
+        spec = importlib.util.spec_from_file_location(name, out / f"{name}.py")
+        assert spec is not None
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # the _grpc module imports the _pb2 one by this name
+        spec.loader.exec_module(module)
+        modules.append(module)
+    return Stubs(*modules)
+
+
+@pytest.fixture
+def stubs(generated: Stubs, monkeypatch: pytest.MonkeyPatch) -> Stubs:
+    """Make the generated modules answer to the names modelyard's stubs will have."""
+    monkeypatch.setitem(sys.modules, PB2, generated.pb2)
+    monkeypatch.setitem(sys.modules, PB2_GRPC, generated.pb2_grpc)
+    return generated
+
+
+@dataclass
+class Servicer:
+    pb2: ModuleType
+    counts: Counter[str] = field(default_factory=Counter)
+    last: dict[str, Any] = field(default_factory=dict)
+
+    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if request.name not in MODELS:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"model {request.name} not found")
+        tensor = self.pb2.ModelMetadataResponse.TensorMetadata
+        inputs = [tensor(name=n, datatype=d, shape=s) for n, d, s in MODELS[request.name]]
+        return self.pb2.ModelMetadataResponse(name=request.name, inputs=inputs)
+
+    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        self.counts[request.model_name] += 1
+        self.last[request.model_name] = request
+        if request.model_name == "flaky":
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "model flaky is not ready")
+        return self.pb2.ModelInferResponse(model_name=request.model_name)
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        entry = self.pb2.RepositoryIndexResponse.ModelIndex
+        models = [entry(name=name, state="READY") for name in MODELS]
+        return self.pb2.RepositoryIndexResponse(models=[*models, entry(name="x", state="LOADING")])
+
+
+@dataclass
+class GrpcServer:
+    target: str
+    servicer: Servicer
+
+
+@pytest.fixture
+async def grpc_server(stubs: Stubs) -> AsyncIterator[GrpcServer]:
+    server = grpc.aio.server()
+    servicer = Servicer(stubs.pb2)
+    stubs.pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield GrpcServer(f"127.0.0.1:{port}", servicer)
+    finally:
+        await server.stop(None)
+
+
+def test_missing_stubs_make_grpc_mode_fail_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, PB2, None)
+    with pytest.raises(EngineUnavailableError, match="gRPC mode needs the generated stubs"):
+        load_grpc_stubs()
+
+
+async def test_grpc_closed_loop_counts_ok_and_errors_by_status(grpc_server: GrpcServer) -> None:
+    config = BenchConfig(grpc_target=grpc_server.target, concurrency=(4,), requests=100, warmup_s=0)
+    [result] = await run_bench(config)
+    counts = grpc_server.servicer.counts
+    assert result.engine == "python/grpc"
+    assert result.requests == 100 == sum(counts.values())
+    assert set(result.requests_by_model) == set(MODELS)
+    assert result.errors == {"UNAVAILABLE": counts["flaky"]}
+    assert result.ok == 100 - counts["flaky"]
+
+
+async def test_grpc_requests_carry_typed_or_raw_contents(grpc_server: GrpcServer) -> None:
+    config = BenchConfig(grpc_target=grpc_server.target, requests=20, warmup_s=0)
+    await run_bench(config)
+    last = grpc_server.servicer.last
+    add = last["add"].inputs[0]
+    assert (add.name, add.datatype, list(add.shape), len(add.contents.fp32_contents)) == (
+        "x",
+        "FP32",
+        [1, 4],
+        4,
+    )
+    ints, flag = last["ints"].inputs
+    assert (len(ints.contents.int64_contents), len(flag.contents.bool_contents)) == (2, 1)
+    assert last["text"].inputs[0].contents.bytes_contents[0].startswith(b"s")
+    # FP16 has no typed field: every input of that request goes raw.
+    [raw] = last["half"].raw_input_contents
+    assert np.frombuffer(raw, dtype="<f2").shape == (3,)
+
+
+async def test_grpc_unknown_model_stops_the_run(grpc_server: GrpcServer) -> None:
+    config = BenchConfig(grpc_target=grpc_server.target, models=("nope",), requests=1)
+    with pytest.raises(TargetError, match="NOT_FOUND model nope not found"):
+        await run_bench(config)
