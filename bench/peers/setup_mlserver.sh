@@ -7,16 +7,26 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 venv="$here/.venvs/mlserver"
 python="${PYTHON:-python3}"
 
+# The models are pickled with joblib by the modelyard venv, so unpickle them with the same
+# scikit-learn version; SKLEARN_SPEC overrides (e.g. SKLEARN_SPEC="scikit-learn==1.6.1").
+default_sklearn_spec() {
+    local modelyard_python="$here/../../.venv/bin/python" version
+    if [[ -x "$modelyard_python" ]] \
+        && version="$("$modelyard_python" -c 'import sklearn; print(sklearn.__version__)' 2>/dev/null)"; then
+        echo "scikit-learn==$version"
+    else
+        echo "scikit-learn"
+    fi
+}
+
 if [[ ! -x "$venv/bin/python" ]]; then
     "$python" -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --upgrade pip
-# NOTE: MLServer 1.7.1 imports uvloop APIs that uvloop 0.22 removed; pin 0.21.0.
-# scikit-learn and joblib come in through mlserver-sklearn; the models are pickled with
-# joblib by the modelyard venv, so both venvs should hold the same scikit-learn minor version
-# (run_peers.py / serve_mlserver.py check and warn otherwise).
+# NOTE: MLServer 1.7.1 starts its loops with uvloop.install(); it is known to work with
+# uvloop 0.21.0, so that is pinned (newer uvloop releases change that API).
 "$venv/bin/python" -m pip install --quiet \
-    "mlserver==1.7.1" "mlserver-sklearn==1.7.1" "uvloop==0.21.0" ${SKLEARN_SPEC:+"$SKLEARN_SPEC"}
+    "mlserver==1.7.1" "mlserver-sklearn==1.7.1" "uvloop==0.21.0" "${SKLEARN_SPEC:-$(default_sklearn_spec)}"
 "$venv/bin/python" - <<'PY'
 import importlib.metadata as md
 for name in ("mlserver", "mlserver-sklearn", "uvloop", "scikit-learn", "joblib", "numpy"):

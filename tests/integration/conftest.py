@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import onnx
 import pytest
+from onnx import TensorProto, helper
 
 from modelyard.examples.mlp import build_add_onnx, build_mlp_onnx
 from modelyard.examples.sklearn_models import export_sklearn_onnx, train_digits_classifier
@@ -21,6 +23,7 @@ def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build_add_onnx(root / "add" / "2" / "model.onnx", 2.0)
     (root / "corrupt" / "1").mkdir(parents=True)
     (root / "corrupt" / "1" / "model.onnx").write_bytes(b"this is not an onnx file")
+    build_types_onnx(root / "types" / "1" / "model.onnx")
     fakes = Path(__file__).resolve().parents[1] / "fakes" / "models.py"
     for name in ("faulty", "echo", "failing-load", "leaky"):
         (root / name / "1").mkdir(parents=True)
@@ -28,6 +31,36 @@ def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         module = name.replace("-", "_") + "_model.py"
         (root / name / "1" / module).write_text(fakes.read_text(encoding="utf-8"))
     return root
+
+
+TYPES = {
+    "f32": ("FP32", TensorProto.FLOAT),
+    "f16": ("FP16", TensorProto.FLOAT16),
+    "f64": ("FP64", TensorProto.DOUBLE),
+    "i8": ("INT8", TensorProto.INT8),
+    "i32": ("INT32", TensorProto.INT32),
+    "i64": ("INT64", TensorProto.INT64),
+    "u8": ("UINT8", TensorProto.UINT8),
+    "b": ("BOOL", TensorProto.BOOL),
+    "s": ("BYTES", TensorProto.STRING),
+}
+"""Input name → (protocol datatype, ONNX type) of the ``types`` model."""
+
+
+def build_types_onnx(path: Path) -> Path:
+    """An ONNX model echoing one [batch, 2] input of every datatype as ``<name>_out``."""
+    nodes = [helper.make_node("Identity", [n], [f"{n}_out"]) for n in TYPES]
+    graph = helper.make_graph(
+        nodes,
+        "types",
+        [helper.make_tensor_value_info(n, t, ["batch", 2]) for n, (_, t) in TYPES.items()],
+        [helper.make_tensor_value_info(f"{n}_out", t, ["batch", 2]) for n, (_, t) in TYPES.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, str(path))
+    return path
 
 
 def python_model(name: str, cls: str, **fields: object) -> dict[str, object]:

@@ -52,7 +52,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.set_defaults(handler=run_bench_command)
+    parser.set_defaults(func=run_bench_command)
     target = parser.add_argument_group("target")
     target.add_argument(
         "--url", default="http://127.0.0.1:8080", help="REST base URL (%(default)s)"

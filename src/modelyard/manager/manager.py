@@ -293,7 +293,7 @@ class ModelManager:
                 self.events.add("verify_failed", record.key, str(exc))
                 log.error("refusing %s: %s", record.key, exc)
                 return
-            if not verified:
+            if not verified and record.stats.loads == 0:
                 log.warning("%s has no manifest; loading it unverified", record.key)
             need = self.estimate_bytes(record)
             try:

@@ -37,6 +37,15 @@ def _spec(arg: object) -> TensorSpec:
     return TensorSpec(name, _ORT_TYPES.get(ort_type, "BYTES"), _dims(shape))
 
 
+def _strings(arr: np.ndarray) -> np.ndarray:
+    # ORT string tensors want str objects; BYTES tensors carry bytes (UTF-8 by convention).
+    out = np.empty(arr.shape, dtype=object)
+    flat = out.reshape(-1)
+    for i, v in enumerate(arr.reshape(-1)):
+        flat[i] = v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else str(v)
+    return out
+
+
 class OnnxRuntime:
     """Runs one ``.onnx`` file with an ONNX Runtime ``InferenceSession``."""
 
@@ -88,7 +97,7 @@ class OnnxRuntime:
         session = self._session
         if session is None:
             raise RuntimeError("model not loaded")
-        feeds = {k: (v.astype(str) if v.dtype == object else v) for k, v in inputs.items()}
+        feeds = {k: (_strings(v) if v.dtype == object else v) for k, v in inputs.items()}
         results = session.run(self._output_names, feeds)  # type: ignore[attr-defined]
         return {
             name: np.asarray(value) for name, value in zip(self._output_names, results, strict=True)

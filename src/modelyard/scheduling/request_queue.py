@@ -55,6 +55,8 @@ class QueuedRequest:
     future: asyncio.Future[dict[str, np.ndarray]]
     permit: Permit
     state: RequestState = field(default=RequestState.QUEUED)
+    outcome: str = "failed"
+    """The ``stats()`` counter its error falls under when the scheduler fails it."""
 
 
 class RequestQueue:

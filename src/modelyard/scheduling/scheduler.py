@@ -56,13 +56,32 @@ from modelyard.scheduling.config import SchedulerConfig
 from modelyard.scheduling.dispatcher import CallReport, Execute, call_model
 from modelyard.scheduling.request_queue import QueuedRequest, RequestQueue, RequestState
 
-__all__ = ["BatchHook", "Execute", "ModelScheduler"]
+__all__ = ["ADMISSION_COUNTERS", "OUTCOME_COUNTERS", "BatchHook", "Execute", "ModelScheduler"]
 
 logger = logging.getLogger(__name__)
 
 BatchHook = Callable[[int, list[float], float], None]
 """``on_batch(batch_rows, queue_wait_s_per_request, compute_s)``, called after each model call."""
 
+ADMISSION_COUNTERS = (
+    "accepted",
+    "rejected_not_ready",
+    "rejected_expired",
+    "rejected_overloaded",
+    "rejected_circuit",
+)
+"""``stats()`` counters of admission: accepted, or refused at once (and why)."""
+OUTCOME_COUNTERS = (
+    "succeeded",
+    "failed",
+    "expired_queued",
+    "expired_running",
+    "circuit_open",
+    "cancelled",
+)
+"""``stats()`` counters of what became of accepted requests; once settled, they sum to
+``accepted``. ``circuit_open`` counts queued requests failed because the breaker opened."""
+_COUNTERS = (*ADMISSION_COUNTERS, *OUTCOME_COUNTERS, "model_calls")
 _RETRY_AFTER_BOUNDS_S = (0.01, 30.0)
 _EWMA_ALPHA = 0.2
 
@@ -183,7 +202,7 @@ class ModelScheduler:
             raise InvalidInputError(f"priority must be 1 (highest) or more, got {level}")
         now = self._clock.monotonic()
         if deadline <= now:
-            self._counts["expired_queued"] += 1
+            self._counts["rejected_expired"] += 1
             raise DeadlineExceededError(
                 f"model {self.name!r}: the deadline passed before the request was queued"
             )
@@ -215,9 +234,13 @@ class ModelScheduler:
         self._counts["accepted"] += 1
         self._wakeup.set()
         timeout = asyncio.timeout(None if math.isinf(deadline) else deadline - now)
+        # Outcomes are counted here, once per admitted request, whoever answered it.
         try:
             async with timeout:
-                return await request.future
+                outputs = await request.future
+        except ServerError:
+            self._counts[request.outcome] += 1
+            raise
         except TimeoutError:
             if not timeout.expired():
                 raise
@@ -233,6 +256,8 @@ class ModelScheduler:
                 request.state = RequestState.DONE
                 self._queue.remove(request)
                 self._breaker.release([request.permit])
+        self._counts["succeeded"] += 1
+        return outputs
 
     # ---------------------------------------------------------------- inspection
 
@@ -245,6 +270,12 @@ class ModelScheduler:
     def breaker(self) -> CircuitBreaker:
         """The model's circuit breaker (read it; the scheduler feeds it)."""
         return self._breaker
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Admission and outcome counters (:data:`ADMISSION_COUNTERS`, :data:`OUTCOME_COUNTERS`)
+        and ``model_calls``; a copy."""
+        return {key: self._counts[key] for key in _COUNTERS}
 
     def stats(self) -> dict[str, object]:
         """Queue, batching and breaker figures plus the request counters, for metrics."""
@@ -271,19 +302,7 @@ class ModelScheduler:
             "breaker_times_opened": breaker["times_opened"],
             "p99_latency_s": self._adaptive.p99_s() if self._adaptive is not None else None,
         }
-        for key in (
-            "accepted",
-            "succeeded",
-            "failed",
-            "expired_queued",
-            "expired_running",
-            "cancelled",
-            "rejected_overloaded",
-            "rejected_circuit",
-            "rejected_not_ready",
-            "model_calls",
-        ):
-            stats[key] = self._counts[key]
+        stats.update(self.counters)
         return stats
 
     # ---------------------------------------------------------------- dispatching
@@ -369,7 +388,7 @@ class ModelScheduler:
             if not self._breaker.may_run(request.permit):
                 self._queue.remove(request)
                 request.state = RequestState.DONE
-                self._fail(request, self._circuit_open_error(), "rejected_circuit")
+                self._fail(request, self._circuit_open_error(), "circuit_open")
 
     async def _run_batch(self, batch: list[QueuedRequest]) -> None:
         """Call the model for ``batch``; answer each request, feed breaker and metrics."""
@@ -403,7 +422,6 @@ class ModelScheduler:
                     self._fail(request, late, "expired_running")
                 elif not request.future.done():
                     request.future.set_result(outputs)
-                    self._counts["succeeded"] += 1
         self._after_call(report)
 
     def _after_call(self, report: CallReport) -> None:
@@ -465,10 +483,11 @@ class ModelScheduler:
 
     # ---------------------------------------------------------------- answers
 
-    def _fail(self, request: QueuedRequest, error: ServerError, count: str) -> None:
+    def _fail(self, request: QueuedRequest, error: ServerError, outcome: str) -> None:
+        """Answer ``request`` with ``error`` unless answered; ``outcome`` names its counter."""
         if not request.future.done():
             request.future.set_exception(error)
-            self._counts[count] += 1
+            request.outcome = outcome
 
     def _not_ready_error(self, why: str) -> ModelNotReadyError:
         return ModelNotReadyError(f"model {self.name!r} is not accepting requests ({why})")

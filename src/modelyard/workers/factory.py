@@ -91,10 +91,13 @@ class WorkerHandle:
         """Resolves to the return code (negative: killed by that signal); None if unknown."""
         self._proc = proc
         self._pidfd: int | None = None
-        try:
-            self._pidfd = os.pidfd_open(pid)
-        except (OSError, AttributeError):
-            self._pidfd = None
+        if proc is None:
+            # The fork server reaps this pid, so it could in principle be reused before
+            # we hear of the exit; a pidfd names this process and no other.
+            try:
+                self._pidfd = os.pidfd_open(pid)
+            except (OSError, AttributeError):
+                self._pidfd = None
 
     def kill(self) -> None:
         """SIGKILL the worker unless it has already exited (pidfd: no pid-reuse race)."""

@@ -58,8 +58,11 @@ class MemoryLimit(Protocol):
         """True if the kernel OOM-killed a process of this limit's group."""
         ...
 
-    def release(self) -> None:
-        """Remove what the limit created (the worker must have exited)."""
+    def release(self, attempts: int = 50) -> bool:
+        """Remove what the limit created (the worker must have exited).
+
+        False when the kernel still holds it after ``attempts`` tries (10 ms apart).
+        """
         ...
 
 
@@ -112,24 +115,28 @@ class CgroupLimit:
         """The group's ``oom_kill`` counter is above zero."""
         return _counter(self.path / self.events_file, "oom_kill") > 0
 
-    def release(self) -> None:
-        """rmdir the group, retrying briefly while the kernel finishes the exit."""
-        _remove_group(self.path)
+    def release(self, attempts: int = 50) -> bool:
+        """rmdir the group, retrying briefly while the kernel finishes the exit.
+
+        Returns False if it is still busy after ``attempts`` (each 10 ms apart).
+        """
+        return _remove_group(self.path, attempts)
 
 
-def _remove_group(path: Path, attempts: int = 50) -> None:
-    for _ in range(attempts):
+def _remove_group(path: Path, attempts: int = 50) -> bool:
+    for attempt in range(attempts):
         try:
             path.rmdir()
-            return
+            return True
         except FileNotFoundError:
-            return
+            return True
         except OSError as exc:
             if exc.errno != errno.EBUSY:
                 _log.warning("could not remove cgroup %s: %s; leaving it", path, exc)
-                return
-            time.sleep(0.01)
-    _log.warning("cgroup %s still busy; leaving it", path)
+                return True
+            if attempt + 1 < attempts:
+                time.sleep(0.01)
+    return False
 
 
 class _CgroupLimiter:
@@ -229,8 +236,9 @@ class RlimitLimit:
         """Never: the kernel does not kill for RLIMIT_AS (allocations fail instead)."""
         return False
 
-    def release(self) -> None:
+    def release(self, attempts: int = 50) -> bool:
         """Nothing to remove."""
+        return True
 
 
 def _vm_size(pid: int, proc_root: Path) -> int:

@@ -1,4 +1,4 @@
-"""Fixtures: the KServe v2 double of ``kserve_double.py``, on this loop or in a thread."""
+"""Fixtures: the KServe v2 double of ``_kserve.py``, on this loop or in a thread."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from kserve_double import RunningServer, ServerState, start_server
+
+from ._kserve import RunningServer, ServerState, start_server
 
 
 @pytest.fixture

@@ -8,11 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
-from kserve_double import RunningServer
 
 from modelyard.bench.cli import add_bench_parser, config_from_args, run_bench_command
 from modelyard.bench.errors import BenchConfigError
 from modelyard.bench.workload import MixSpec
+
+from ._kserve import RunningServer
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -23,7 +24,7 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 def test_defaults_describe_a_closed_loop_against_localhost() -> None:
     args = _parse()
-    assert args.handler is run_bench_command
+    assert args.func is run_bench_command
     config = config_from_args(args)
     assert config.url == "http://127.0.0.1:8080"
     assert (config.concurrency, config.duration_s, config.warmup_s) == ((1,), 10.0, 2.0)

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from modelyard.bench import BenchConfig, EngineUnavailableError, TargetError, run_bench
-from modelyard.bench.grpc_client import STUBS_PACKAGE, load_grpc_stubs
+from modelyard.bench.grpc_client import STUBS_PACKAGE, infer_request_bytes, load_grpc_stubs
+from modelyard.bench.payload import ModelMetadata, TensorSpec, random_payload
 
 protoc = pytest.importorskip("grpc_tools.protoc")
 
@@ -126,7 +127,7 @@ async def test_grpc_closed_loop_counts_ok_and_errors_by_status(grpc_server: Grpc
 
 
 async def test_grpc_requests_carry_typed_or_raw_contents(grpc_server: GrpcServer) -> None:
-    config = BenchConfig(grpc_target=grpc_server.target, requests=20, warmup_s=0)
+    config = BenchConfig(grpc_target=grpc_server.target, requests=100, warmup_s=0)
     await run_bench(config)
     last = grpc_server.servicer.last
     add = last["add"].inputs[0]
@@ -148,3 +149,19 @@ async def test_grpc_unknown_model_stops_the_run(grpc_server: GrpcServer) -> None
     config = BenchConfig(grpc_target=grpc_server.target, models=("nope",), requests=1)
     with pytest.raises(TargetError, match="NOT_FOUND model nope not found"):
         await run_bench(config)
+
+
+def test_requests_parse_with_modelyards_own_stubs() -> None:
+    """The encoder must produce what the real server's stubs accept, where they exist."""
+    if importlib.util.find_spec(STUBS_PACKAGE) is None:
+        pytest.skip("modelyard's gRPC stubs are not generated")
+    real = load_grpc_stubs()
+    assert real.service == "inference.GRPCInferenceService"
+    specs = (TensorSpec("x", "FP32", (-1, 2)), TensorSpec("s", "BYTES", (1,)))
+    payload = random_payload(ModelMetadata("m", specs))
+    request = real.pb2.ModelInferRequest.FromString(infer_request_bytes(real, payload))
+    assert request.model_name == "m"
+    assert [len(request.inputs[0].contents.fp32_contents), list(request.inputs[0].shape)] == [
+        2,
+        [1, 2],
+    ]

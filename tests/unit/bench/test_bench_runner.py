@@ -8,11 +8,12 @@ from typing import Any
 
 import orjson
 import pytest
-from kserve_double import READY_MODELS, RunningServer
 
 from modelyard.bench import BenchConfig, MixSpec, TargetError, run_bench
 from modelyard.bench.errors import BenchConfigError
 from modelyard.bench.runner import Phase, prepare_workload, run_phase
+
+from ._kserve import READY_MODELS, RunningServer
 
 HTTP_CLIENTS = ("raw", "aiohttp")
 

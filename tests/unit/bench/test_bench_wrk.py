@@ -5,11 +5,12 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from kserve_double import RunningServer
 
 from modelyard.bench import BenchConfig, run_bench
 from modelyard.bench.client import Endpoint
 from modelyard.bench.wrk import WrkSummary, build_lua_script, parse_wrk_output, summary_to_result
+
+from ._kserve import RunningServer
 
 HAS_WRK = shutil.which("wrk") is not None
 
@@ -30,7 +31,7 @@ def test_script_posts_each_body_in_mix_order() -> None:
     assert "local sequence = {1,2,1}" in script
     # A body containing "]]" gets a long bracket of a higher level.
     assert '[=[{"x":"]]"}]=]' in script
-    assert "[[{\"inputs\":[]}]]" in script
+    assert '[[{"inputs":[]}]]' in script
     assert 'thread:get("codes")' in script
 
 

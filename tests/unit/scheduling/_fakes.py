@@ -57,14 +57,17 @@ class FakeModel:
 
     ``gate``: while not set, every call waits on it (requests pile up behind the first).
     ``fail_with``: raised by every call while set. ``fail_if``: raises when it returns an
-    error for a call's inputs. ``on_call``: runs at the start of every call (e.g. to move a
-    fake clock).
+    exception for a call's inputs. ``on_call``: runs at the start of every call (e.g. to
+    move a fake clock). ``steps``: event-loop turns each call takes. ``model``: the
+    function computed (default :func:`reference_model`).
     """
 
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     fail_with: ServerError | None = None
-    fail_if: Callable[[dict[str, np.ndarray]], ServerError | None] | None = None
+    fail_if: Callable[[dict[str, np.ndarray]], Exception | None] | None = None
     on_call: Callable[[], None] | None = None
+    steps: int = 0
+    model: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] = reference_model
     calls: list[Call] = field(default_factory=list)
     entered: asyncio.Event = field(default_factory=asyncio.Event)
     running: int = 0
@@ -91,11 +94,13 @@ class FakeModel:
             if self.on_call is not None:
                 self.on_call()
             await self.gate.wait()
+            for _ in range(self.steps):
+                await asyncio.sleep(0)
             if self.fail_with is not None:
                 raise self.fail_with
             if self.fail_if is not None and (error := self.fail_if(inputs)) is not None:
                 raise error
-            return reference_model(inputs)
+            return self.model(inputs)
         finally:
             self.running -= 1
 

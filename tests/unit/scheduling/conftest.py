@@ -9,6 +9,7 @@ import pytest
 
 from modelyard.clock import Clock
 from modelyard.scheduling import ModelScheduler, SchedulerConfig
+from modelyard.scheduling.scheduler import OUTCOME_COUNTERS
 
 from ._fakes import FakeModel, MakeScheduler
 
@@ -30,5 +31,10 @@ async def make_scheduler() -> AsyncIterator[MakeScheduler]:
     for scheduler in made:
         await scheduler.close()
         assert scheduler.pending == 0
+    await asyncio.sleep(0)  # let submitters failed by close() see their answers
+    for scheduler in made:
+        counters = scheduler.counters
+        settled = sum(counters[key] for key in OUTCOME_COUNTERS)
+        assert counters["accepted"] == settled, f"one answer each: {counters}"
     leftover = {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
     assert not leftover, f"tasks left running: {leftover}"

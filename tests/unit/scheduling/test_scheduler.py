@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from modelyard.errors import (
     CircuitOpenError,
     DeadlineExceededError,
+    InternalError,
     InvalidInputError,
     ModelNotReadyError,
     OverloadedError,
@@ -18,6 +20,7 @@ from modelyard.errors import (
     WorkerCrashedError,
 )
 from modelyard.scheduling import BreakerConfig, ModelScheduler, SchedulerConfig
+from modelyard.scheduling.scheduler import OUTCOME_COUNTERS
 
 from ._fakes import FakeClock, FakeModel, MakeScheduler, reference_model, settle, tensor
 
@@ -494,3 +497,88 @@ async def test_stats_report_queue_batching_and_breaker(make_scheduler: MakeSched
     assert stats["breaker_opened_until"] is None
     model.release()
     await asyncio.gather(first, second)
+
+
+# ---------------------------------------------------------------------- contract breaches
+
+
+async def test_outputs_without_the_batch_rows_fail_the_batch_as_internal(
+    make_scheduler: MakeScheduler,
+) -> None:
+    scheduler, model, first = await blocked(make_scheduler)
+    model.model = lambda inputs: {"y": inputs["x"][:1]}  # one row, whatever the batch
+    tasks = [submit(scheduler, 1), submit(scheduler, 2)]
+    await settle(lambda: queued(scheduler, 2))
+    model.release()
+    await first  # alone, one row is right
+    for task in tasks:
+        with pytest.raises(InternalError, match="axis 0"):
+            await task
+    assert scheduler.breaker.snapshot()["window_failures"] == 1
+
+
+async def test_a_foreign_exception_becomes_internal_error(make_scheduler: MakeScheduler) -> None:
+    scheduler, model = await started(make_scheduler)
+    model.fail_if = lambda inputs: RuntimeError("segfault-ish")
+    with pytest.raises(InternalError, match="RuntimeError: segfault-ish"):
+        await submit(scheduler, 1)
+    assert scheduler.breaker.snapshot()["window_failures"] == 1
+
+
+async def test_cancelled_while_running_drops_the_result(make_scheduler: MakeScheduler) -> None:
+    scheduler, model, first = await blocked(make_scheduler)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert scheduler.pending == 1  # the call goes on; the worker layer owns it
+    model.release()
+    await settle(lambda: scheduler.pending == 0)
+    stats = scheduler.stats()
+    assert stats["cancelled"] == 1
+    assert stats["succeeded"] == 0
+
+
+async def test_every_request_gets_exactly_one_answer(make_scheduler: MakeScheduler) -> None:
+    """A seeded storm of priorities, sizes, short deadlines, failures and cancellations."""
+    rng = random.Random(20240611)
+
+    def faults(inputs: dict[str, np.ndarray]) -> Exception | None:
+        ids = {int(v) for v in inputs["x"][:, 0]}
+        if any(i % 37 == 0 for i in ids):
+            return WorkerCrashedError("worker exited")
+        if any(i % 11 == 0 for i in ids):
+            return InvalidInputError("bad row")
+        return None
+
+    config = SchedulerConfig(max_batch_size=4, max_queue_size=32, max_concurrency=2)
+    scheduler, model = await started(make_scheduler, config)
+    model.fail_if = faults
+    model.steps = 3
+    tasks: dict[int, tuple[int, asyncio.Task[dict[str, np.ndarray]]]] = {}
+    for request_id in range(1, 301):
+        rows = rng.randint(1, 3)
+        short = rng.random() < 0.2
+        deadline = time.monotonic() + (rng.uniform(0.001, 0.01) if short else FAR_S)
+        task = submit(
+            scheduler, request_id, rows=rows, priority=rng.randint(1, 5), deadline=deadline
+        )
+        tasks[request_id] = (rows, task)
+        if rng.random() < 0.1:
+            victim = tasks[rng.randint(1, request_id)][1]
+            victim.cancel()
+        for _ in range(rng.randint(0, 3)):
+            await asyncio.sleep(0)
+    answers = await asyncio.gather(*(t for _, t in tasks.values()), return_exceptions=True)
+    kinds: set[str] = set()
+    for (request_id, (rows, _)), answer in zip(tasks.items(), answers, strict=True):
+        if isinstance(answer, dict):
+            assert_outputs_equal(answer, reference_model({"x": tensor(request_id, rows=rows)}))
+            kinds.add("ok")
+        else:
+            assert isinstance(answer, ServerError | asyncio.CancelledError), answer
+            kinds.add(type(answer).__name__)
+    assert {"ok", "CancelledError", "OverloadedError", "InvalidInputError"} <= kinds
+    await settle(lambda: scheduler.pending == 0)
+    counters = scheduler.counters
+    assert counters["accepted"] == sum(counters[key] for key in OUTCOME_COUNTERS)
+    assert counters["accepted"] > 100

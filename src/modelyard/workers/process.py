@@ -1,0 +1,537 @@
+"""ProcessInstance: one model replica in its own worker process.
+
+The server process never imports the model's code: the runtime lives in a worker
+forked from the warm fork server (see ``factory.py``). Inputs and outputs cross
+through the worker's shared region; only small typed messages go over its socket,
+read by the event loop's reader callback (no thread hop per request).
+
+Failure handling, in one place:
+
+* the worker dies (signal, OOM kill, exit): the request in flight fails at once with
+  WorkerCrashedError saying why, later calls fail the same way, ``is_alive`` turns
+  False and the exit callback fires once with the reason;
+* the worker overruns ``infer(timeout_s)``: it is SIGKILLed, the call raises
+  DeadlineExceededError once the process has gone, and the callback fires with
+  "killed after overrunning its deadline";
+* the model raises: the worker sends ErrorInfo data and the parent rebuilds the typed
+  error (``error_from_code``); the worker keeps serving.
+
+The manager, not this class, restarts a dead replica by creating a new instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import signal
+import time
+from typing import Final
+
+import numpy as np
+import psutil
+
+from modelyard.errors import (
+    DeadlineExceededError,
+    InternalError,
+    InvalidInputError,
+    ModelLoadError,
+    ModelNotReadyError,
+    ModelStateConflictError,
+    ServerError,
+    WorkerCrashedError,
+    error_from_code,
+)
+from modelyard.runtimes.warmup import make_warmup_inputs
+from modelyard.workers.channel import ChannelClosedError, LoopChannel, SharedRegion, socket_pair
+from modelyard.workers.factory import WorkerFactory, WorkerHandle, WorkerStartError
+from modelyard.workers.footprint import MemorySample, sample_memory
+from modelyard.workers.instance import ExitCallback, InstanceInfo, StartRequest
+from modelyard.workers.limits import MemoryLimit, MemoryLimitError
+from modelyard.workers.messages import (
+    ErrorInfo,
+    Failed,
+    Hello,
+    Infer,
+    InferDone,
+    Load,
+    Loaded,
+    Message,
+    Stop,
+)
+
+_log = logging.getLogger(__name__)
+
+_MIB: Final = 1024 * 1024
+_EXIT_WAIT_S: Final = 5.0
+"""How long to wait for the exit report of a worker we SIGKILLed."""
+_EOF_GRACE_S: Final = 1.0
+"""A worker that closed its channel but is still running after this is killed."""
+_RELEASE_RETRIES: Final = 50
+
+
+class _Expired:
+    """Result put on a reply future when its deadline passes."""
+
+
+_EXPIRED: Final = _Expired()
+_Reply = Message | _Expired
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        sig = signal.Signals(signum)
+    except ValueError:
+        return f"signal {signum}"
+    desc = signal.strsignal(sig)
+    return f"signal {sig.name} ({desc})" if desc else f"signal {sig.name}"
+
+
+def describe_exit(returncode: int | None, *, oom_killed: bool, limit_bytes: int | None) -> str:
+    """Why a worker died, in words, from its return code and the limit's OOM counter."""
+    if oom_killed:
+        limit = f" (memory limit {limit_bytes // _MIB} MiB)" if limit_bytes else ""
+        return f"killed by OOM{limit}"
+    if returncode is None:
+        return "exited; status unknown (the fork server has gone)"
+    if returncode < 0:
+        return f"killed by {_signal_name(-returncode)}"
+    return f"exited with code {returncode}"
+
+
+def rebuild_error(info: ErrorInfo) -> ServerError:
+    """The typed error a worker sent as data; the worker's traceback becomes a note."""
+    err = error_from_code(info.code, info.message)
+    if info.traceback_text:
+        err.add_note(f"worker traceback:\n{info.traceback_text}")
+    return err
+
+
+class ProcessInstance:
+    """A model served from its own worker process (``isolation: process``)."""
+
+    def __init__(self, factory: WorkerFactory, *, load_timeout_s: float = 300.0) -> None:
+        self._factory = factory
+        self._load_timeout_s = load_timeout_s
+        self._lock = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._channel: LoopChannel | None = None
+        self._region: SharedRegion | None = None
+        self._handle: WorkerHandle | None = None
+        self._limit: MemoryLimit | None = None
+        self._limit_bytes: int | None = None
+        self._callback: ExitCallback | None = None
+        self._seqs = itertools.count(1)
+        self._in_flight: int | None = None
+        self._waiter: asyncio.Future[_Reply] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._name = ""
+        self._started = False
+        self._ready = False
+        self._stopping = False
+        self._kill_reason: str | None = None
+        self._exit_reason: str | None = None
+        self._callback_fired = False
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def is_alive(self) -> bool:
+        """True from a successful start until the worker dies or is stopped."""
+        return self._ready
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id, once started."""
+        return self._handle.pid if self._handle is not None else None
+
+    @property
+    def exit_reason(self) -> str | None:
+        """Why the worker died, once it has."""
+        return self._exit_reason
+
+    def set_exit_callback(self, callback: ExitCallback) -> None:
+        """Called once, with the reason, if the worker dies after a successful start."""
+        self._callback = callback
+
+    # ----------------------------------------------------------------------- start
+
+    async def start(self, request: StartRequest) -> InstanceInfo:
+        """Start a worker, load the model there, warm it up and measure it.
+
+        ModelLoadError if the worker cannot start, the load or warm-up fails, the
+        worker dies meanwhile, or it takes longer than ``load_timeout_s``.
+        """
+        if self._started:
+            raise ModelStateConflictError("this instance has already been started")
+        self._started = True
+        self._name = request.spec.model_name
+        self._limit_bytes = request.memory_limit_bytes
+        loop = self._loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._load_timeout_s
+        t0 = time.perf_counter()
+        try:
+            await self._launch(loop)
+            hello = await self._wait_reply(deadline, self._load_timeout_s)
+            process_start_s = time.perf_counter() - t0
+            if not isinstance(hello, Hello):
+                raise InternalError(f"unexpected first message from the worker: {hello!r}")
+            await self._apply_limit(request.memory_limit_bytes)
+            loaded = await self._load(request, deadline)
+            t1 = time.perf_counter()
+            await self._warm_up(request, loaded, deadline)
+            warmup_s = time.perf_counter() - t1
+            sample = await self.sample_memory()
+        except BaseException as exc:
+            await self._abort()
+            if isinstance(exc, ModelLoadError | asyncio.CancelledError):
+                raise
+            if isinstance(exc, DeadlineExceededError):
+                raise ModelLoadError(
+                    f"model {self._name!r} did not load within {self._load_timeout_s:.1f}s"
+                ) from None
+            if isinstance(exc, ServerError | MemoryLimitError | WorkerStartError):
+                raise ModelLoadError(f"model {self._name!r} failed to start: {exc}") from exc
+            if isinstance(exc, Exception):
+                raise ModelLoadError(
+                    f"model {self._name!r} failed to start: {type(exc).__name__}: {exc}"
+                ) from exc
+            raise
+        self._start_watchdog()
+        self._ready = True
+        assert self._handle is not None
+        details: dict[str, object] = {
+            **sample.as_details(),
+            "start_method": self._handle.start_method,
+            "memory_limit_backend": self._factory.memory_limit_backend,
+            "memory_limit_bytes": request.memory_limit_bytes,
+        }
+        return InstanceInfo(
+            inputs=list(loaded.inputs),
+            outputs=list(loaded.outputs),
+            supports_batching=loaded.supports_batching,
+            footprint_bytes=sample.uss_bytes,
+            process_start_s=process_start_s,
+            load_s=loaded.load_s,
+            warmup_s=warmup_s,
+            pid=self._handle.pid,
+            details=details,
+        )
+
+    async def _launch(self, loop: asyncio.AbstractEventLoop) -> None:
+        region = self._region = SharedRegion.create(self._factory.config.region_bytes)
+        ours, theirs = socket_pair()
+        self._channel = LoopChannel(ours, self._on_message, self._on_eof)
+        self._in_flight = 0  # the worker's Hello
+        try:
+            handle = await self._factory.launch(theirs, region)
+        finally:
+            theirs.close()
+        self._handle = handle
+        handle.exited.add_done_callback(self._on_exit)
+        self._channel.open(loop)
+
+    async def _apply_limit(self, limit_bytes: int | None) -> None:
+        if limit_bytes is None:
+            return
+        assert self._handle is not None
+        limiter = self._factory.limiter
+        self._limit = await asyncio.to_thread(limiter.apply, self._handle.pid, limit_bytes)
+
+    async def _load(self, request: StartRequest, deadline: float) -> Loaded:
+        seq = next(self._seqs)
+        self._send(Load(seq, request.spec, request.memory_limit_bytes), seq)
+        reply = await self._wait_reply(deadline, self._load_timeout_s)
+        if isinstance(reply, Failed):
+            err = ModelLoadError(reply.error.message)
+            if reply.error.traceback_text:
+                err.add_note(f"worker traceback:\n{reply.error.traceback_text}")
+                _log.warning("%s\n%s", reply.error.message, reply.error.traceback_text)
+            raise err
+        if not isinstance(reply, Loaded):
+            raise InternalError(f"unexpected reply to Load: {reply!r}")
+        return reply
+
+    async def _warm_up(self, request: StartRequest, loaded: Loaded, deadline: float) -> None:
+        inputs = request.warmup_inputs or make_warmup_inputs(loaded.inputs)
+        try:
+            await self._run(inputs, deadline, self._load_timeout_s)
+        except WorkerCrashedError:
+            raise
+        except ServerError as exc:
+            raise ModelLoadError(f"model {self._name!r} failed its warm-up: {exc}") from exc
+
+    async def _abort(self) -> None:
+        """Undo a failed start: the worker goes, and everything it held."""
+        with contextlib.suppress(Exception):
+            await self._kill_and_wait(None)
+        self._cleanup()
+
+    # ----------------------------------------------------------------------- infer
+
+    async def infer(self, inputs: dict[str, np.ndarray], timeout_s: float) -> dict[str, np.ndarray]:
+        """Run one batch in the worker; calls are served one at a time, in order."""
+        loop = self._loop
+        if not self._ready or loop is None:
+            raise self._not_serving()
+        if timeout_s <= 0:
+            raise DeadlineExceededError(f"model {self._name!r}: no time left to run the request")
+        deadline = loop.time() + timeout_s
+        lock = self._lock
+        if lock.locked():
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await lock.acquire()
+            except TimeoutError:
+                raise DeadlineExceededError(
+                    f"model {self._name!r}: waited {timeout_s:.3f}s for its busy worker"
+                ) from None
+        else:
+            await lock.acquire()
+        try:
+            if not self._ready:
+                raise self._not_serving()
+            return await self._run(inputs, deadline, timeout_s)
+        finally:
+            lock.release()
+
+    async def _run(
+        self, inputs: dict[str, np.ndarray], deadline: float, timeout_s: float
+    ) -> dict[str, np.ndarray]:
+        region = self._region
+        if region is None:
+            raise self._not_serving()
+        if self._in_flight is not None:
+            # A cancelled call's batch is still running; it owns the region until it ends.
+            await self._wait_reply(deadline, timeout_s)
+        if self._loop is not None and self._loop.time() >= deadline:
+            # Never start a batch that is already late: its overrun would kill a healthy worker.
+            raise DeadlineExceededError(f"model {self._name!r}: the deadline passed while queued")
+        try:
+            metas, _ = region.write(inputs)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"cannot send the input to the worker: {exc}") from None
+        seq = next(self._seqs)
+        self._send(Infer(seq, region.size, metas), seq)
+        reply = await self._wait_reply(deadline, timeout_s)
+        if self._region is not region:
+            raise self._crashed()  # the worker died just after answering; its region is gone
+        if isinstance(reply, InferDone):
+            region.remap(reply.region_bytes)
+            return region.read(reply.tensors, copy=True)
+        if isinstance(reply, Failed):
+            raise rebuild_error(reply.error)
+        raise InternalError(f"unexpected reply from the worker: {reply!r}")
+
+    def _send(self, msg: Message, seq: int) -> None:
+        channel = self._channel
+        if channel is None:
+            raise self._not_serving()
+        self._in_flight = seq
+        try:
+            channel.send(msg)
+        except ChannelClosedError:
+            # The worker is going; its exit report fails the waiter with the reason.
+            pass
+
+    async def _wait_reply(self, deadline: float, timeout_s: float) -> Message:
+        """The reply to the message in flight; kills the worker if it overruns."""
+        loop = self._loop
+        assert loop is not None
+        if self._exit_reason is not None:
+            raise self._crashed()
+        fut: asyncio.Future[_Reply] = loop.create_future()
+        self._waiter = fut
+        timer = loop.call_at(deadline, _expire, fut)
+        try:
+            reply = await fut
+        finally:
+            timer.cancel()
+            if self._waiter is fut:
+                self._waiter = None
+        if isinstance(reply, _Expired):
+            await self._kill_and_wait(f"killed after overrunning its deadline ({timeout_s:.3f}s)")
+            raise DeadlineExceededError(
+                f"model {self._name!r} did not answer within {timeout_s:.3f}s; "
+                "its worker was killed"
+            )
+        return reply
+
+    # ---------------------------------------------------------------- worker events
+
+    def _on_message(self, msg: Message) -> None:
+        seq = getattr(msg, "seq", None)
+        if seq is None or seq != self._in_flight:
+            return  # stale reply of an abandoned request, or not for us
+        self._in_flight = None
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(msg)
+
+    def _on_eof(self) -> None:
+        # The worker closed its channel: normally because it is exiting, and its exit
+        # report follows. If it lingers, it is of no use any more.
+        if self._loop is not None:
+            self._loop.call_later(_EOF_GRACE_S, self._kill_lingering)
+
+    def _kill_lingering(self) -> None:
+        handle = self._handle
+        if handle is not None and not handle.exited.done() and not self._stopping:
+            self._kill_reason = self._kill_reason or "killed after closing its channel"
+            handle.kill()
+
+    def _on_exit(self, fut: asyncio.Future[int | None]) -> None:
+        returncode = None if fut.cancelled() else fut.result()
+        oom = self._limit.oom_killed() if self._limit is not None else False
+        reason = self._kill_reason or describe_exit(
+            returncode, oom_killed=oom, limit_bytes=self._limit_bytes
+        )
+        if self._stopping and self._kill_reason is None:
+            reason = "stopped"
+        self._exit_reason = reason
+        was_ready, self._ready = self._ready, False
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(self._crashed())
+        self._in_flight = None
+        self._cleanup()
+        if was_ready and not self._stopping:
+            _log.warning(
+                "worker %s of model %r %s; its requests failed",
+                self.pid,
+                self._name,
+                reason,
+            )
+            self._fire_callback(reason)
+
+    def _fire_callback(self, reason: str) -> None:
+        if self._callback_fired or self._callback is None:
+            return
+        self._callback_fired = True
+        try:
+            self._callback(reason)
+        except Exception:
+            _log.exception("exit callback of model %r failed", self._name)
+
+    # ------------------------------------------------------------------------ stop
+
+    async def stop(self) -> None:
+        """Ask the worker to exit; SIGKILL after the factory's grace period.
+
+        Returns once the process has gone, its region is unmapped and its cgroup removed.
+        """
+        if self._stopping:
+            return
+        self._stopping = True
+        self._ready = False
+        handle = self._handle
+        if handle is not None and not handle.exited.done():
+            if self._channel is not None:
+                with contextlib.suppress(ChannelClosedError):
+                    self._channel.send(Stop())
+            try:
+                async with asyncio.timeout(self._factory.config.stop_grace_s):
+                    await asyncio.shield(handle.exited)
+            except TimeoutError:
+                await self._kill_and_wait("killed after not exiting within its stop grace")
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
+        self._cleanup()
+
+    async def _kill_and_wait(self, reason: str | None) -> None:
+        handle = self._handle
+        if handle is None or handle.exited.done():
+            return
+        if reason is not None and self._kill_reason is None:
+            self._kill_reason = reason
+        handle.kill()
+        try:
+            async with asyncio.timeout(_EXIT_WAIT_S):
+                await asyncio.shield(handle.exited)
+        except TimeoutError:
+            _log.error("worker %d of model %r did not exit after SIGKILL", handle.pid, self._name)
+
+    def _cleanup(self) -> None:
+        """Release the channel, region and limit; idempotent, no awaits."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
+        region, self._region = self._region, None
+        if region is not None:
+            region.close()
+        if self._handle is not None and self._handle.exited.done():
+            self._handle.close()
+            limit, self._limit = self._limit, None
+            if limit is not None:
+                self._release_limit(limit, _RELEASE_RETRIES)
+        watchdog = self._watchdog
+        if watchdog is not None and watchdog is not asyncio.current_task():
+            watchdog.cancel()
+
+    def _release_limit(self, limit: MemoryLimit, retries: int) -> None:
+        # One non-blocking attempt now; the kernel may need a moment after the exit, so
+        # retry from the loop rather than sleeping on it.
+        if limit.release(attempts=1):
+            return
+        if retries > 0 and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_later(0.02, self._release_limit, limit, retries - 1)
+        else:
+            _log.warning("memory limit of model %r could not be removed", self._name)
+
+    # ---------------------------------------------------------------------- memory
+
+    async def sample_memory(self) -> MemorySample:
+        """The worker's RSS, USS and PSS now (read from /proc in a thread)."""
+        pid = self.pid
+        if pid is None or self._handle is None or self._handle.exited.done():
+            raise self._not_serving()
+        try:
+            return await asyncio.to_thread(sample_memory, pid)
+        except psutil.NoSuchProcess:
+            raise self._not_serving() from None
+
+    def _start_watchdog(self) -> None:
+        limit = self._limit
+        if limit is None or not limit.needs_watchdog:
+            return
+        interval = self._factory.config.watchdog_interval_s
+        self._watchdog = asyncio.get_running_loop().create_task(
+            self._watch_memory(limit.limit_bytes, interval), name=f"memory-watchdog-{self.pid}"
+        )
+
+    async def _watch_memory(self, limit_bytes: int, interval_s: float) -> None:
+        while self._handle is not None and not self._handle.exited.done():
+            await asyncio.sleep(interval_s)
+            try:
+                sample = await self.sample_memory()
+            except ServerError:
+                return
+            if sample.uss_bytes > limit_bytes:
+                await self._kill_and_wait(
+                    f"killed by OOM watchdog: {sample.uss_bytes // _MIB} MiB private memory "
+                    f"(memory limit {limit_bytes // _MIB} MiB)"
+                )
+                return
+
+    # ---------------------------------------------------------------------- errors
+
+    def _crashed(self) -> WorkerCrashedError:
+        return WorkerCrashedError(
+            f"the worker (pid {self.pid}) of model {self._name!r} died: {self._exit_reason}"
+        )
+
+    def _not_serving(self) -> ServerError:
+        if self._exit_reason is not None and not self._stopping:
+            return self._crashed()
+        if self._stopping:
+            return ModelNotReadyError(f"model {self._name!r}: this replica was stopped")
+        return ModelNotReadyError("this replica has not been started")
+
+
+def _expire(fut: asyncio.Future[_Reply]) -> None:
+    if not fut.done():
+        fut.set_result(_EXPIRED)
