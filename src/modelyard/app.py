@@ -74,7 +74,7 @@ class App:
             self._worker_factory = WorkerFactory()
         return self._worker_factory
 
-    def _on_ready(self, record: ModelRecord) -> None:
+    async def _on_ready(self, record: ModelRecord) -> None:
         if record.scheduler is not None:
             return
         info = record.info
@@ -94,10 +94,8 @@ class App:
                 record.in_flight -= 1
 
         scheduler = ModelScheduler(str(record.key), config, execute)
+        await scheduler.start()
         record.scheduler = scheduler
-        task = asyncio.ensure_future(scheduler.start())
-        self._closing_tasks.add(task)
-        task.add_done_callback(self._closing_tasks.discard)
 
     def _on_unloaded(self, record: ModelRecord) -> None:
         scheduler, record.scheduler = record.scheduler, None

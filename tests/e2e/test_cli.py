@@ -17,7 +17,6 @@ import pytest
 from modelyard.config.settings import load_settings
 
 
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -101,7 +100,11 @@ def test_readme_curl_line_works(server: str) -> None:
 
 def test_models_command_lists_states(server: str) -> None:
     out = subprocess.run(
-        _modelyard("models", "--url", server), capture_output=True, text=True, timeout=60, check=True
+        _modelyard("models", "--url", server),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     assert "digits-logreg" in out.stdout
     assert "READY" in out.stdout

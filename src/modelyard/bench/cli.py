@@ -46,7 +46,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "bench",
         help="load-test a KServe v2 server (modelyard, MLServer, Triton)",
         description=(
-            "Send inference requests to a KServe v2 / Open Inference Protocol server and "
+            "Send inference requests to a KServe v2 / Open Inference Protocol server and\n"
             "report latency, throughput and errors per concurrency level or target rate."
         ),
         epilog=_EPILOG,

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from modelyard.bench.client import InferSession
 from modelyard.bench.discovery import Discovery
 from modelyard.bench.errors import EngineUnavailableError, TargetError
 from modelyard.bench.payload import InferInput, ModelMetadata, Payload, TensorSpec
@@ -127,7 +128,7 @@ class GrpcInferClient:
         )
         self._timeout_s = timeout_s
 
-    def session(self) -> _GrpcSession:
+    def session(self) -> InferSession:
         """A session over the shared channel."""
         return _GrpcSession(self._call, self._requests, self._timeout_s)
 

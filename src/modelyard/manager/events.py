@@ -42,9 +42,7 @@ class EventLog:
         self.listeners: list[Callable[[Event], None]] = []
         """Called with every new event (metrics count them); must not raise or block."""
 
-    def add(
-        self, kind: str, key: ModelKey, message: str, duration_s: float | None = None
-    ) -> None:
+    def add(self, kind: str, key: ModelKey, message: str, duration_s: float | None = None) -> None:
         """Record an event (wall-clock time: it is shown to people, not used for deadlines)."""
         event = Event(time.time(), kind, key.name, key.version, message, duration_s)
         self._events.append(event)

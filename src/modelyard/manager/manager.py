@@ -12,7 +12,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,7 @@ class ModelManager:
         *,
         policy: EvictionPolicy | None = None,
         events: EventLog | None = None,
-        on_ready: Callable[[ModelRecord], None] | None = None,
+        on_ready: Callable[[ModelRecord], Awaitable[None]] | None = None,
         on_unloaded: Callable[[ModelRecord], None] | None = None,
     ) -> None:
         self._settings = settings
@@ -111,9 +111,14 @@ class ModelManager:
         entry = ModelEntry(config=config, path=path)
         self.entries[config.name] = entry
         self.refresh_versions(entry)
-        if config.default_version is not None:
-            self.record_for(config.name, config.default_version)
-            entry.aliases[DEFAULT_ALIAS] = AliasRoute(((config.default_version, 1.0),))
+        default = config.default_version
+        if default is None and entry.versions:
+            default = max(entry.versions, key=int)
+        if default is not None:
+            # Unversioned requests follow this alias; it moves only by a switch (API or
+            # poll), so a new version folder never takes traffic before it is verified.
+            self.record_for(config.name, default)
+            entry.aliases[DEFAULT_ALIAS] = AliasRoute(((default, 1.0),))
         return entry
 
     def refresh_versions(self, entry: ModelEntry) -> None:
@@ -175,7 +180,10 @@ class ModelManager:
             if not version.isdigit() or not path.is_dir():
                 raise ModelNotFoundError(f"model {name!r} has no version folder {version!r}")
             record = ModelRecord(
-                key=ModelKey(name, version), config=entry.config, path=path, pinned=entry.config.pinned
+                key=ModelKey(name, version),
+                config=entry.config,
+                path=path,
+                pinned=entry.config.pinned,
             )
             entry.versions[version] = record
         return record
@@ -388,9 +396,9 @@ class ModelManager:
                 raise
         record.reserved_bytes = self.budget.reserved(device, record.key)
         instance.set_exit_callback(lambda reason: self._on_instance_exit(record, instance, reason))
-        self._set_state(record, ModelState.READY)
         if self._on_ready is not None:
-            self._on_ready(record)
+            await self._on_ready(record)
+        self._set_state(record, ModelState.READY)
         async with self._budget_changed:
             self._budget_changed.notify_all()
 

@@ -9,6 +9,7 @@ import logging
 from modelyard.errors import ServerError
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import DEFAULT_ALIAS, AliasRoute, ModelEntry
+from modelyard.manager.states import ModelState
 from modelyard.manager.versions import VersionController
 from modelyard.repository.layout import served_versions
 from modelyard.repository.watcher import RepositoryWatcher
@@ -77,6 +78,23 @@ class RepositoryPoller:
         except ServerError as exc:
             log.error("version %s:%s refused; %s keeps serving: %s", name, newest, current, exc)
 
+    def _fall_back(self, entry: ModelEntry, alias: str, removed: str) -> None:
+        """Point ``alias`` at its newest earlier route that still exists and did not fail."""
+
+        def usable(v: str) -> bool:
+            r = entry.versions.get(v)
+            return v != removed and r is not None and r.state is not ModelState.FAILED
+
+        for route in reversed(entry.alias_history.get(alias, [])):
+            if all(usable(v) for v in route.versions):
+                entry.aliases[alias] = route
+                return
+        candidates = [v for v in entry.versions if usable(v)]
+        if alias == DEFAULT_ALIAS and candidates:
+            entry.aliases[alias] = AliasRoute(((max(candidates, key=int), 1.0),))
+        else:
+            del entry.aliases[alias]
+
     async def _remove(self, entry: ModelEntry, version: str) -> None:
         name = entry.config.name
         record = entry.versions.get(version)
@@ -88,7 +106,7 @@ class RepositoryPoller:
                 if rest:
                     entry.aliases[alias] = AliasRoute(tuple(rest))
                 else:
-                    del entry.aliases[alias]
+                    self._fall_back(entry, alias, version)
         log.info("version folder %s removed; draining and unloading", record.key)
         with contextlib.suppress(ServerError):
             await self.manager.unload(name, version)

@@ -18,7 +18,7 @@ class ModelState(StrEnum):
 
 
 _ALLOWED: dict[ModelState, frozenset[ModelState]] = {
-    ModelState.UNLOADED: frozenset({ModelState.LOADING}),
+    ModelState.UNLOADED: frozenset({ModelState.LOADING, ModelState.FAILED}),
     ModelState.FAILED: frozenset({ModelState.LOADING, ModelState.UNLOADED}),
     ModelState.LOADING: frozenset({ModelState.WARMING, ModelState.FAILED, ModelState.UNLOADING}),
     ModelState.WARMING: frozenset({ModelState.READY, ModelState.FAILED, ModelState.UNLOADING}),

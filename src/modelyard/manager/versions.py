@@ -108,7 +108,9 @@ class VersionController:
             )
             log.info("model %s: alias %r rolled back to %s", name, alias, previous.to_dict())
             if current is not None:
-                self._schedule_grace(entry, [v for v in current.versions if v not in previous.versions])
+                self._schedule_grace(
+                    entry, [v for v in current.versions if v not in previous.versions]
+                )
         return previous.to_dict()
 
     def _after_switch(

@@ -6,6 +6,16 @@ waits for its answer until its deadline. One dispatcher task forms batches
 (:mod:`~modelyard.scheduling.request_queue`) and starts each as a task, at most
 ``max_concurrency`` at once, that calls ``execute`` and resolves the futures.
 
+Order and batching:
+
+* lower priority numbers go first, FIFO within a priority; a queued request's effective
+  priority improves by one level per ``aging_s`` seconds waited (never past 1), so a
+  request of priority ``p`` ranks with the most urgent after about ``(p - 1) * aging_s``
+  and starvation is bounded;
+* a batch is dispatched when it is full (``max_batch_size`` rows), reaches a preferred
+  size, or its oldest request has waited ``max_queue_delay_s``; with ``latency_slo_s``
+  the cap and the delay come from :class:`~modelyard.scheduling.adaptive.AdaptiveBatchController`.
+
 Guarantees:
 
 * every admitted request gets exactly one answer: a result, a typed

@@ -189,25 +189,10 @@ class WorkerFactory:
     async def _start_fork_server(self) -> None:
         loop = asyncio.get_running_loop()
         ours, theirs = socket_pair()
-        # Popen runs on the loop's thread on purpose: the fork server asks to die with
-        # the thread that started it (PR_SET_PDEATHSIG), and executor threads come and go.
-        self._server = subprocess.Popen(
-            [
-                self.config.python_executable,
-                "-m",
-                "modelyard.workers.forkserver",
-                "--ctl-fd",
-                str(theirs.fileno()),
-                "--parent-pid",
-                str(os.getpid()),
-                "--preload",
-                ",".join(self.config.preload),
-            ],
-            pass_fds=(theirs.fileno(),),
-            start_new_session=True,
-            env=self._child_env(),
-        )
-        theirs.close()
+        try:
+            self._server = self._popen_fork_server(theirs)
+        finally:
+            theirs.close()
         ours.setblocking(False)
         self._ctl = ours
         self._ready = loop.create_future()
@@ -226,13 +211,38 @@ class WorkerFactory:
             info.threads,
         )
 
+    def _popen_fork_server(self, theirs: socket.socket) -> subprocess.Popen[bytes]:
+        # Popen runs on the loop's thread on purpose (a few ms, once): the fork server
+        # asks to die with the thread that started it (PR_SET_PDEATHSIG), and executor
+        # threads come and go.
+        return subprocess.Popen(
+            [
+                self.config.python_executable,
+                "-m",
+                "modelyard.workers.forkserver",
+                "--ctl-fd",
+                str(theirs.fileno()),
+                "--parent-pid",
+                str(os.getpid()),
+                "--preload",
+                ",".join(self.config.preload),
+            ],
+            pass_fds=(theirs.fileno(),),
+            start_new_session=True,
+            env=self._child_env(),
+        )
+
     async def close(self) -> None:
         """Kill every worker still running and stop the fork server."""
         if self._closed:
             return
-        self._closed = True
-        for handle in list(self._handles.values()):
+        handles = list(self._handles.values())
+        for handle in handles:
             handle.kill()
+        if handles:
+            # Let their exit reports arrive so that each instance learns what happened.
+            await asyncio.wait([h.exited for h in handles], timeout=2.0)
+        self._closed = True
         self._close_ctl("the worker factory closed")
         server, self._server = self._server, None
         if server is not None:
@@ -252,15 +262,17 @@ class WorkerFactory:
             ctl.close()
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(WorkerStartError(f"fork server failed to start: {why}"))
-        for fut in self._spawns.values():
-            if not fut.done():
-                fut.set_exception(WorkerStartError(f"fork server gone: {why}"))
+        for spawn in self._spawns.values():
+            if not spawn.done():
+                spawn.set_exception(WorkerStartError(f"fork server gone: {why}"))
         self._spawns.clear()
+        if self.config.start_method != "fork":
+            return
         # The fork server's children die with it (PR_SET_PDEATHSIG); their exit codes
         # are lost with it.
-        for pid, fut in list(self._exits.items()):
-            if not fut.done():
-                fut.set_result(None)
+        for pid, exited in list(self._exits.items()):
+            if not exited.done():
+                exited.set_result(None)
             self._handles.pop(pid, None)
         self._exits.clear()
 
@@ -302,9 +314,10 @@ class WorkerFactory:
             fut = self._spawns.pop(msg.token, None)
             if fut is not None and not fut.done():
                 fut.set_exception(WorkerStartError(msg.message))
-        elif isinstance(msg, ForkServerReady):
-            if self._ready is not None and not self._ready.done():
-                self._ready.set_result(msg)
+        elif (
+            isinstance(msg, ForkServerReady) and self._ready is not None and not self._ready.done()
+        ):
+            self._ready.set_result(msg)
 
     def _track(self, pid: int, proc: subprocess.Popen[bytes] | None = None) -> WorkerHandle:
         assert self._loop is not None
@@ -332,7 +345,8 @@ class WorkerFactory:
         if self.config.start_method == "spawn":
             return self._spawn(channel, region)
         ctl = self._ctl
-        assert ctl is not None and self._loop is not None
+        assert ctl is not None
+        assert self._loop is not None
         token = next(self._tokens)
         fut: asyncio.Future[WorkerHandle] = self._loop.create_future()
         self._spawns[token] = fut
@@ -395,4 +409,3 @@ class WorkerFactory:
             loop.call_soon_threadsafe(self._resolve_exit, proc.pid, code)
 
         threading.Thread(target=wait, name=f"wait-worker-{proc.pid}", daemon=True).start()
-

@@ -20,6 +20,7 @@ server learns *why* a worker died (signal, exit code) from those reports.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import os
@@ -164,15 +165,11 @@ class _ForkServer:
     def _shutdown(self) -> None:
         # The server has gone (or closed us): no worker may outlive it.
         for pid in list(self._children):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         for pid in list(self._children):
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -329,11 +329,9 @@ class ProcessInstance:
         if channel is None:
             raise self._not_serving()
         self._in_flight = seq
-        try:
+        # If the worker is going, its exit report fails the waiter with the reason.
+        with contextlib.suppress(ChannelClosedError):
             channel.send(msg)
-        except ChannelClosedError:
-            # The worker is going; its exit report fails the waiter with the reason.
-            pass
 
     async def _wait_reply(self, deadline: float, timeout_s: float) -> Message:
         """The reply to the message in flight; kills the worker if it overruns."""

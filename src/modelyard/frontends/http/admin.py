@@ -40,9 +40,7 @@ def _targets(doc: dict[str, Any]) -> dict[str, float]:
         return {str(doc["version"]): 1.0}
     versions = doc.get("versions")
     if not isinstance(versions, dict) or not versions:
-        raise InvalidInputError(
-            'body must be {"version": "2"} or {"versions": {"1": 90, "2": 10}}'
-        )
+        raise InvalidInputError('body must be {"version": "2"} or {"versions": {"1": 90, "2": 10}}')
     try:
         return {str(v): float(w) for v, w in versions.items()}
     except (TypeError, ValueError):
@@ -60,7 +58,9 @@ def admin_routes(app: _HasManager) -> list[BaseRoute]:
 
     async def set_alias(request: Request) -> Response:
         p = request.path_params
-        route = await versions.set_alias(p["model"], p["alias"], _targets(await _optional_json(request)))
+        route = await versions.set_alias(
+            p["model"], p["alias"], _targets(await _optional_json(request))
+        )
         return json_response({"name": p["model"], "alias": p["alias"], "versions": route})
 
     async def rollback(request: Request) -> Response:

@@ -1,0 +1,115 @@
+"""Fault models for the worker-isolation tests, loaded with ``runtime: python``.
+
+Load them with ``version_dir`` = this folder and ``python_class="fault_models:<Class>"``
+(the python runtime puts the version folder on ``sys.path``). Inputs choose the fault,
+so the warm-up batch (zeros) always behaves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+
+import numpy as np
+
+from modelyard.runtimes.base import TensorSpec
+
+MIB = 1024 * 1024
+
+BEHAVE = 0
+EXIT = 1
+"""``os._exit(3)``."""
+SIGKILL_SELF = 2
+SEGFAULT = 3
+"""Read address 0 through ctypes."""
+SIGTERM_SELF = 4
+
+
+class CrashingModel:
+    """Echoes ``x``; ``action`` (one INT32) crashes the process in the chosen way."""
+
+    inputs = [TensorSpec("x", "FP32", (-1,)), TensorSpec("action", "INT32", (1,))]
+    outputs = [TensorSpec("y", "FP32", (-1,))]
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Crash as asked, else echo."""
+        action = int(inputs["action"].reshape(-1)[0])
+        if action == EXIT:
+            os._exit(3)
+        if action == SIGKILL_SELF:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if action == SEGFAULT:
+            ctypes.string_at(0)
+        if action == SIGTERM_SELF:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return {"y": inputs["x"].copy()}
+
+
+class HangingModel:
+    """Echoes ``x`` after ``delay_ms`` (one INT32); a negative delay hangs forever."""
+
+    inputs = [TensorSpec("x", "FP32", (-1,)), TensorSpec("delay_ms", "INT32", (1,))]
+    outputs = [TensorSpec("y", "FP32", (-1,))]
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Sleep, then echo."""
+        delay_ms = int(inputs["delay_ms"].reshape(-1)[0])
+        if delay_ms < 0:
+            while True:
+                time.sleep(3600)
+        time.sleep(delay_ms / 1000)
+        return {"y": inputs["x"].copy()}
+
+
+class LeakyModel:
+    """Each call allocates and keeps ``mb`` (one INT32) MiB more; returns the total kept."""
+
+    inputs = [TensorSpec("mb", "INT32", (1,))]
+    outputs = [TensorSpec("held_mb", "INT64", (1,))]
+
+    def __init__(self) -> None:
+        self._hoard: list[np.ndarray] = []
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Allocate, touch every page, keep it."""
+        mb = int(inputs["mb"].reshape(-1)[0])
+        if mb > 0:
+            self._hoard.append(np.ones(mb * MIB, dtype=np.uint8))
+        held = sum(a.nbytes for a in self._hoard) // MIB
+        return {"held_mb": np.array([held], dtype=np.int64)}
+
+
+class FailingLoadModel:
+    """Raises while loading."""
+
+    def load(self, version_dir: str) -> None:
+        """Fail with a message the test looks for."""
+        raise RuntimeError("weights are corrupt: checksum mismatch")
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Never reached."""
+        raise AssertionError("not loaded")
+
+
+class RaisingModel:
+    """Raises ValueError when ``x`` holds a negative number, else echoes."""
+
+    inputs = [TensorSpec("x", "FP32", (-1,))]
+    outputs = [TensorSpec("y", "FP32", (-1,))]
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Reject negatives."""
+        x = inputs["x"]
+        if np.any(x < 0):
+            raise ValueError("negative values are not allowed")
+        return {"y": x.copy()}
+
+
+class RawEchoModel:
+    """Returns every input unchanged under ``<name>_out`` (any dtype, BYTES included)."""
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Echo."""
+        return {f"{name}_out": value.copy() for name, value in inputs.items()}
