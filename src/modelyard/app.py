@@ -23,7 +23,7 @@ from modelyard.manager.manager import ModelManager
 from modelyard.manager.poller import RepositoryPoller
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.versions import VersionController
-from modelyard.scheduling.config import SchedulerConfig
+from modelyard.scheduling.config import BreakerConfig, SchedulerConfig
 from modelyard.scheduling.scheduler import ModelScheduler
 from modelyard.workers.inline import InlineInstance
 from modelyard.workers.instance import ModelInstance
@@ -80,7 +80,9 @@ class App:
         info = record.info
         assert info is not None
         config = SchedulerConfig.from_model_config(
-            record.config, supports_batching=info.supports_batching
+            record.config,
+            supports_batching=info.supports_batching,
+            breaker=BreakerConfig(**record.config.breaker.model_dump()),
         )
 
         async def execute(batch: dict[str, np.ndarray], deadline: float) -> dict[str, np.ndarray]:

@@ -23,6 +23,29 @@ class VersionPolicy(BaseModel):
     """Serve exactly these versions."""
 
 
+class BreakerSettings(BaseModel):
+    """The model's circuit breaker: a sliding window of recent outcomes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    window: PositiveInt = 20
+    """How many recent model calls the failure ratio is computed over."""
+    failure_ratio: float = Field(default=0.5, gt=0, le=1)
+    """Open when failures / calls in the window reach this."""
+    min_calls: PositiveInt = 10
+    """Never open before the window holds this many calls."""
+    cooldown_s: float = Field(default=10.0, ge=0)
+    """How long the breaker stays open before letting probes through."""
+    half_open_probes: PositiveInt = 1
+    """Requests let through while half-open."""
+
+    @model_validator(mode="after")
+    def _check(self) -> BreakerSettings:
+        if self.min_calls > self.window:
+            raise ValueError("breaker min_calls must not exceed window")
+        return self
+
+
 class ModelConfig(BaseModel):
     """Configuration of one model, as written under ``models:`` in the YAML file."""
 
@@ -68,6 +91,8 @@ class ModelConfig(BaseModel):
     """Threads one inference may use (ONNX Runtime intra-op)."""
     device: str = "cpu"
     """Device whose budget the model uses."""
+    breaker: BreakerSettings = Field(default_factory=BreakerSettings)
+    """Circuit breaker settings."""
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
     """Which versions are served."""
     default_version: str | None = None

@@ -109,9 +109,9 @@ def onnx_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: root / name / "1" for name in ("identity", "types", "mlp")}
 
 
-def onnx_spec(version_dir: Path, name: str = "m", **kw: object) -> RuntimeSpec:
+def onnx_spec(version_dir: Path, name: str = "m", *, share_weights: bool = False) -> RuntimeSpec:
     """A spec for the ONNX model in ``version_dir``."""
-    return RuntimeSpec("onnx", str(version_dir), model_name=name, **kw)  # type: ignore[arg-type]  # test helper passes RuntimeSpec fields
+    return RuntimeSpec("onnx", str(version_dir), model_name=name, share_weights=share_weights)
 
 
 def fault_spec(cls: str) -> RuntimeSpec:

@@ -9,12 +9,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from modelyard.frontends.http.app import _guard, json_response
 from modelyard.errors import InvalidInputError
+from modelyard.frontends.http.app import _guard, json_response
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import DEFAULT_ALIAS
-from modelyard.manager.versions import VersionController
 from modelyard.manager.stats import manager_stats
+from modelyard.manager.versions import VersionController
 
 
 class _HasManager(Protocol):
