@@ -64,6 +64,72 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _manifest(args: argparse.Namespace) -> int:
+    from modelyard.repository.layout import list_versions
+    from modelyard.repository.manifest import write_manifest
+
+    target = Path(args.dir)
+    if not target.is_dir():
+        print(f"modelyard: {target} is not a folder", file=sys.stderr)
+        return 2
+    # A model folder (with integer version folders) or one version folder.
+    versions = [target / str(v) for v in list_versions(target)] or [target]
+    key = Path(args.key) if args.key else None
+    for vdir in versions:
+        print(write_manifest(vdir, key))
+    return 0
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = Path(args.out)
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    private.chmod(0o600)
+    public = private.with_suffix(".pub.pem")
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    print(f"private key: {private}\npublic key:  {public} (list it in manifest_public_keys)")
+    return 0
+
+
+def _post(url: str, body: dict[str, object]) -> int:
+    import httpx
+
+    try:
+        r = httpx.post(url, json=body, timeout=300)
+    except httpx.HTTPError as exc:
+        print(f"modelyard: cannot reach {url}: {exc}", file=sys.stderr)
+        return 1
+    print(r.text)
+    return 0 if r.status_code == 200 else 1
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    url = f"{args.url.rstrip('/')}/v2/repository/models/{args.model}/rollback"
+    return _post(url, {"alias": args.alias})
+
+
+def _alias(args: argparse.Namespace) -> int:
+    targets: dict[str, object] = {}
+    for item in args.versions:
+        version, _, weight = item.partition("=")
+        targets[version] = float(weight) if weight else 1.0
+    url = f"{args.url.rstrip('/')}/v2/repository/models/{args.model}/aliases/{args.alias}"
+    return _post(url, {"versions": targets})
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     parser = argparse.ArgumentParser(prog="modelyard", description=__doc__)
@@ -87,6 +153,28 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="list models and states of a running server")
     models.add_argument("--url", default="http://127.0.0.1:8080")
     models.set_defaults(func=_models)
+
+    manifest = sub.add_parser("manifest", help="write SHA256 manifests for model versions")
+    manifest.add_argument("dir", help="a model folder (every version) or one version folder")
+    manifest.add_argument("--key", help="Ed25519 private key (PEM) to sign with")
+    manifest.set_defaults(func=_manifest)
+
+    keygen = sub.add_parser("keygen", help="make an Ed25519 key pair for signing manifests")
+    keygen.add_argument("out", help="private key file to write (public key beside it)")
+    keygen.set_defaults(func=_keygen)
+
+    rollback = sub.add_parser("rollback", help="move an alias back to its previous version")
+    rollback.add_argument("model")
+    rollback.add_argument("--alias", default="default")
+    rollback.add_argument("--url", default="http://127.0.0.1:8080")
+    rollback.set_defaults(func=_rollback)
+
+    alias = sub.add_parser("alias", help="point an alias at versions (blue-green switch)")
+    alias.add_argument("model")
+    alias.add_argument("alias")
+    alias.add_argument("versions", nargs="+", help="VERSION or VERSION=WEIGHT (canary split)")
+    alias.add_argument("--url", default="http://127.0.0.1:8080")
+    alias.set_defaults(func=_alias)
 
     try:
         from modelyard.bench.cli import add_bench_parser, run_bench_command

@@ -119,3 +119,23 @@ def test_bad_config_is_reported_with_file_and_field(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert str(cfg) in out.stderr
     assert "models.0.memory_mb" in out.stderr
+
+
+def test_manifest_and_keygen_commands(tmp_path: Path) -> None:
+    from modelyard.examples.mlp import build_add_onnx
+    from modelyard.repository.manifest import load_public_key, verify_manifest
+
+    build_add_onnx(tmp_path / "m" / "1" / "model.onnx", 1.0)
+    build_add_onnx(tmp_path / "m" / "2" / "model.onnx", 2.0)
+    key = tmp_path / "signing.pem"
+    subprocess.run(_modelyard("keygen", str(key)), check=True, capture_output=True, timeout=60)
+    out = subprocess.run(
+        _modelyard("manifest", str(tmp_path / "m"), "--key", str(key)),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.stdout.count("modelyard-manifest.json") == 2
+    public = load_public_key(str(tmp_path / "signing.pub.pem"))
+    assert verify_manifest(tmp_path / "m" / "2", public_keys=[public], require=True)

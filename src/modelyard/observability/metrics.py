@@ -62,7 +62,7 @@ _EVENT_COUNTERS = {
     "crashed": "crashes",
     "restarted": "restarts",
 }
-_LOAD_FAILURES = {"load_failed": "failed", "load_refused": "refused"}
+_LOAD_FAILURES = {"load_failed": "failed", "load_refused": "refused", "verify_failed": "verify"}
 _WORKER_MEMORY_KINDS = ("rss", "uss", "pss", "swap")
 
 BatchHook = Callable[[int, list[float], float], None]
@@ -258,7 +258,7 @@ class Metrics:
         }
         self.load_failures = Counter(
             "modelyard_model_load_failures",
-            "Loads that failed (reason=failed) or were refused for memory (reason=refused).",
+            "Loads that failed (reason: failed, refused for memory, verify: checksum mismatch).",
             [*mv, "reason"],
             registry=r,
         )
@@ -430,7 +430,9 @@ class ManagerCollector:
                     mv, _num(stats["breaker_times_opened"])
                 )
             if record.info is not None and record.state in RESIDENT:
-                memory = record.info.details.get("memory")
+                # Process workers report ``rss_bytes``… at the top level; others may nest them.
+                details = record.info.details
+                memory = details.get("memory", details)
                 if isinstance(memory, dict):
                     for kind in _WORKER_MEMORY_KINDS:
                         value = memory.get(f"{kind}_bytes")

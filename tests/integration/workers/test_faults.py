@@ -18,15 +18,12 @@ from modelyard.errors import (
     WorkerCrashedError,
 )
 from modelyard.workers.factory import WorkerFactory, WorkerFactoryConfig
+from modelyard.workers.instance import StartRequest
 from modelyard.workers.limits import RlimitLimiter
 from modelyard.workers.process import ProcessInstance
+from tests.fakes import fault_models
 
-from .conftest import FAKES_DIR, TEST_FACTORY_CONFIG, Starter, fault_spec, onnx_spec
-
-import sys
-
-sys.path.insert(0, str(FAKES_DIR))
-import fault_models  # noqa: E402
+from .conftest import TEST_FACTORY_CONFIG, Starter, fault_spec, onnx_spec
 
 MIB = 1024 * 1024
 PROMPT_S = 2.0
@@ -143,8 +140,6 @@ async def test_calls_queued_behind_a_hang_time_out_without_killing(start_instanc
 async def test_a_load_error_is_a_model_load_error_with_the_message(factory: WorkerFactory) -> None:
     instance = ProcessInstance(factory)
     with pytest.raises(ModelLoadError, match="RuntimeError: weights are corrupt") as info:
-        from modelyard.workers.instance import StartRequest
-
         await instance.start(StartRequest(fault_spec("FailingLoadModel")))
     assert any("Traceback" in note for note in getattr(info.value, "__notes__", []))
     pid = instance.pid
@@ -156,8 +151,6 @@ async def test_a_load_error_is_a_model_load_error_with_the_message(factory: Work
 async def test_a_missing_model_file_is_a_model_load_error(
     factory: WorkerFactory, tmp_path: Path
 ) -> None:
-    from modelyard.workers.instance import StartRequest
-
     instance = ProcessInstance(factory)
     with pytest.raises(ModelLoadError, match="FileNotFoundError"):
         await instance.start(StartRequest(onnx_spec(tmp_path)))

@@ -96,7 +96,7 @@ async def test_every_datatype_round_trips(
 
 async def test_bytes_tensors_round_trip_exactly(start_instance: Starter) -> None:
     instance = await start_instance(fault_spec("RawEchoModel"))
-    blobs = np.array([[b"", b"\x00\xff binary"], [b"x" * 70_000, "text".encode()]], dtype=object)
+    blobs = np.array([[b"", b"\x00\xff binary"], [b"x" * 70_000, b"text"]], dtype=object)
 
     out = await instance.infer({"blob": blobs, "n": np.arange(3, dtype=np.int16)}, timeout_s=5.0)
 
