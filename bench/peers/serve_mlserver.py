@@ -52,6 +52,11 @@ def prepare(work: Path, *, max_batch_size: int, max_batch_time_s: float) -> list
     from modelyard.examples.sklearn_models import DIGITS_CLASSIFIERS, train_digits_classifier
 
     work.mkdir(parents=True, exist_ok=True)
+    stamp = work / STAMP_FILE
+    if stamp.is_file() and json.loads(stamp.read_text()).get("scikit-learn") != sklearn.__version__:
+        # Pickles from another scikit-learn may not load (or may load wrong): make them again.
+        for pickle in work.glob(f"*/{MODEL_FILE}"):
+            pickle.unlink()
     names = []
     for kind in DIGITS_CLASSIFIERS:
         name = f"digits-{kind}"
@@ -72,7 +77,7 @@ def prepare(work: Path, *, max_batch_size: int, max_batch_time_s: float) -> list
             settings["max_batch_time"] = max_batch_time_s
         (folder / "model-settings.json").write_text(json.dumps(settings, indent=2) + "\n")
         names.append(name)
-    (work / STAMP_FILE).write_text(json.dumps({"scikit-learn": sklearn.__version__}) + "\n")
+    stamp.write_text(json.dumps({"scikit-learn": sklearn.__version__}) + "\n")
     return names
 
 
@@ -111,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.retrain:
         for pickle in work.glob(f"*/{MODEL_FILE}"):
             pickle.unlink()
-    names = prepare(work, max_batch_size=args.max_batch_size, max_batch_time_s=args.max_batch_time_s)
+    names = prepare(
+        work, max_batch_size=args.max_batch_size, max_batch_time_s=args.max_batch_time_s
+    )
     write_server_settings(
         work,
         host=args.host,
@@ -140,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     # NOTE: exec, not a child process: the caller's pid becomes the MLServer parent process,
     # so its process tree (server + inference worker) is exactly what gets measured.
     os.execv(mlserver, [str(mlserver), "start", str(work)])
+    return 1  # not reached: execv replaces this process or raises OSError
 
 
 if __name__ == "__main__":

@@ -24,11 +24,14 @@ the ONNX sessions run in this process. Stop it with SIGINT or SIGTERM.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
 import os
 import signal
 import sys
 import sysconfig
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +79,7 @@ def make_infer(path: Path, intra_op_threads: int) -> Any:
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     @batch
-    def infer(input: np.ndarray) -> dict[str, np.ndarray]:  # noqa: A002 - the tensor's name
+    def infer(input: np.ndarray) -> dict[str, np.ndarray]:  # @batch passes tensors by name
         label, probabilities = session.run(["label", "probabilities"], {"input": input})
         return {
             "label": np.asarray(label, dtype=np.int64).reshape(-1, 1),
@@ -93,10 +96,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-port", type=int, default=9180)
     parser.add_argument("--grpc-port", type=int, default=9181)
     parser.add_argument("--metrics-port", type=int, default=9182)
+    parser.add_argument(
+        "--models",
+        default=",".join(DIGITS_MODELS),
+        help="comma-separated model folders under --repo (default: the five digits models)",
+    )
     parser.add_argument("--max-batch-size", type=int, default=MAX_BATCH_SIZE)
     parser.add_argument("--max-queue-delay-us", type=int, default=0)
     parser.add_argument("--intra-op-threads", type=int, default=1)
     parser.add_argument("--log-verbose", type=int, default=0, help="Triton log verbosity")
+    parser.add_argument(
+        "--timings",
+        type=Path,
+        help="write {'bind_s': {model: seconds}} here once every model is bound",
+    )
     parser.add_argument(
         "--access-token-env",
         default="PYTRITON_ACCESS_TOKEN",
@@ -124,12 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM → the same clean shutdown as Ctrl-C: Triton's child process and stubs go too.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     security = TritonSecurityConfig(access_token=os.environ.get(args.access_token_env) or None)
+    bind_s: dict[str, float] = {}
     with Triton(config=config, security_config=security) as triton:
-        for name in DIGITS_MODELS:
+        for name in filter(None, (m.strip() for m in args.models.split(","))):
             path = args.repo / name / "1" / "model.onnx"
             if not path.is_file():
                 print(f"serve_pytriton: {path} missing; build the workload first", file=sys.stderr)
                 return 1
+            # Session creation + bind: Triton loads the model and starts its stub; bind
+            # returns once the model is READY. This is PyTriton's "cold start" of a model.
+            started = time.monotonic()
             triton.bind(
                 model_name=name,
                 infer_func=make_infer(path, args.intra_op_threads),
@@ -144,10 +161,12 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 strict=True,
             )
-        try:
+            bind_s[name] = round(time.monotonic() - started, 4)
+        if args.timings is not None:
+            args.timings.write_text(json.dumps({"bind_s": bind_s}, indent=2) + "\n")
+        # SIGINT/SIGTERM end serve() with KeyboardInterrupt; leaving the block stops Triton.
+        with contextlib.suppress(KeyboardInterrupt):
             triton.serve()
-        except KeyboardInterrupt:
-            pass
     return 0
 
 

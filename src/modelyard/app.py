@@ -25,6 +25,7 @@ from modelyard.manager.records import ModelRecord
 from modelyard.manager.versions import VersionController
 from modelyard.scheduling.config import BreakerConfig, SchedulerConfig
 from modelyard.scheduling.scheduler import ModelScheduler
+from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.inline import InlineInstance
 from modelyard.workers.instance import ModelInstance
 
@@ -52,7 +53,7 @@ class App:
         self._http: uvicorn.Server | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._grpc: Any = None
-        self._worker_factory: Any = None
+        self._worker_factory: WorkerFactory | None = None
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self._closing_tasks: set[asyncio.Task[None]] = set()
@@ -64,15 +65,10 @@ class App:
             return InlineInstance()
         from modelyard.workers.process import ProcessInstance
 
-        instance: ModelInstance = ProcessInstance(self._workers())
-        return instance
-
-    def _workers(self) -> Any:
         if self._worker_factory is None:
-            from modelyard.workers.forkserver import WorkerFactory
-
-            self._worker_factory = WorkerFactory()
-        return self._worker_factory
+            raise ModelNotReadyError("worker processes are not available (server stopping)")
+        instance: ModelInstance = ProcessInstance(self._worker_factory)
+        return instance
 
     async def _on_ready(self, record: ModelRecord) -> None:
         if record.scheduler is not None:
@@ -109,8 +105,13 @@ class App:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Start the front ends, preload models, then report ready."""
+        """Start the worker factory and front ends, preload models, then report ready."""
         s = self.settings
+        # The warm fork server starts once here, so a model's first load pays
+        # milliseconds for its worker instead of a fresh interpreter and imports.
+        self._worker_factory = WorkerFactory()
+        await self._worker_factory.start()
+        log.info("worker memory limits: %s", self._worker_factory.memory_limit_backend)
         http_app = create_app(self.dataplane, s.max_request_bytes, self.extra_routes())
         config = uvicorn.Config(
             http_app,

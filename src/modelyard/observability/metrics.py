@@ -163,13 +163,13 @@ class _VersionMetrics:
 
     model: str
     version: str
-    requests: dict[str, Any]
-    request_seconds: Any
-    queue_seconds: Any
-    compute_seconds: Any
-    batch_rows: Any
-    batch_compute_seconds: Any
-    cold_start_seconds: Any
+    requests: dict[str, Counter]
+    request_seconds: Histogram
+    queue_seconds: Histogram
+    compute_seconds: Histogram
+    batch_rows: Histogram
+    batch_compute_seconds: Histogram
+    cold_start_seconds: Histogram
     recent: RecentTraffic
 
 
@@ -181,7 +181,7 @@ class Metrics:
         registry: CollectorRegistry,
         *,
         clock: Clock | None = None,
-        horizon_s: int = 600,
+        horizon_s: int = 300,
         process_metrics: bool = True,
     ) -> None:
         self.registry = registry
@@ -191,85 +191,67 @@ class Metrics:
         self._versions: dict[tuple[str, str], _VersionMetrics] = {}
         self._bound = False
         mv = ("model", "version")
-        r = registry
-        self.requests = Counter(
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, mv, buckets=buckets, registry=registry)
+
+        def counter(name: str, doc: str, *extra: str) -> Counter:
+            return Counter(name, doc, [*mv, *extra], registry=registry)
+
+        self.requests = counter(
             "modelyard_inference_requests",
             "Inference requests answered, by outcome (code: ok or the error code).",
-            [*mv, "code"],
-            registry=r,
+            "code",
         )
-        self.request_seconds = Histogram(
+        self.request_seconds = histogram(
             "modelyard_inference_request_duration_seconds",
             "Time from receipt to answer of an inference request (any outcome).",
-            mv,
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            LATENCY_BUCKETS_S,
         )
-        self.queue_seconds = Histogram(
+        self.queue_seconds = histogram(
             "modelyard_inference_queue_duration_seconds",
             "Time a request waited in the model's queue before its model call.",
-            mv,
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            LATENCY_BUCKETS_S,
         )
-        self.compute_seconds = Histogram(
+        self.compute_seconds = histogram(
             "modelyard_inference_compute_duration_seconds",
             "Duration of the model call that served a request (its batch's call).",
-            mv,
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            LATENCY_BUCKETS_S,
         )
-        self.batch_rows = Histogram(
-            "modelyard_scheduler_batch_size_rows",
-            "Rows in each model call.",
-            mv,
-            buckets=BATCH_SIZE_BUCKETS,
-            registry=r,
+        self.batch_rows = histogram(
+            "modelyard_scheduler_batch_size_rows", "Rows in each model call.", BATCH_SIZE_BUCKETS
         )
-        self.batch_compute_seconds = Histogram(
+        self.batch_compute_seconds = histogram(
             "modelyard_scheduler_batch_compute_seconds",
             "Duration of each model call (one batch).",
-            mv,
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            LATENCY_BUCKETS_S,
         )
-        self.cold_start_seconds = Histogram(
+        self.cold_start_seconds = histogram(
             "modelyard_model_cold_start_wait_seconds",
             "How long a request waited for its model to load (cache misses).",
-            mv,
-            buckets=SWITCH_BUCKETS_S,
-            registry=r,
+            SWITCH_BUCKETS_S,
         )
-        self.switch_seconds = Histogram(
+        self.switch_seconds = histogram(
             "modelyard_model_switch_latency_seconds",
             "Model-switch latency: a load from admission to ready (queue, start, load, warm-up).",
-            mv,
-            buckets=SWITCH_BUCKETS_S,
-            registry=r,
+            SWITCH_BUCKETS_S,
         )
         self.lifecycle = {
-            name: Counter(
-                f"modelyard_model_{name}",
-                f"Model lifecycle {name} (from the event log).",
-                mv,
-                registry=r,
-            )
+            name: counter(f"modelyard_model_{name}", f"Model {name}, from the event log.")
             for name in _EVENT_COUNTERS.values()
         }
-        self.load_failures = Counter(
+        self.load_failures = counter(
             "modelyard_model_load_failures",
-            "Loads that failed (reason: failed, refused for memory, verify: checksum mismatch).",
-            [*mv, "reason"],
-            registry=r,
+            "Failed loads by reason: failed (an error), refused (no memory), verify (checksum).",
+            "reason",
         )
-        self.events = Counter(
+        self.events = counter(
             "modelyard_model_events",
             "Every lifecycle event by kind, including kinds without a counter of their own.",
-            [*mv, "kind"],
-            registry=r,
+            "kind",
         )
         if process_metrics:
-            ProcessCollector(namespace="modelyard", registry=r)
+            ProcessCollector(namespace="modelyard", registry=registry)
 
     # ----------------------------------------------------------------- hot path
 

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
-from modelyard.workers.messages import Message, TensorMeta, decode, encode
+from modelyard.workers.messages import Message, MessageError, TensorMeta, decode, encode
 
 ALIGN_BYTES = 64
 """Every tensor starts on a cache-line boundary."""
@@ -245,21 +245,22 @@ class LoopChannel:
     """The server's end: non-blocking, read by the event loop's ``add_reader``.
 
     Each datagram is decoded and handed to ``on_message`` from the loop's own callback,
-    with no task or thread in between; ``on_eof`` runs once when the peer has gone.
+    with no task or thread in between. ``on_close`` runs once, with the reason, when the
+    channel becomes useless: the peer closed it, or sent something that is not a message.
     """
 
     def __init__(
         self,
         sock: socket.socket,
         on_message: Callable[[Message], None],
-        on_eof: Callable[[], None],
+        on_close: Callable[[str], None],
     ) -> None:
         sock.setblocking(False)
         self._sock = sock
         self._buf = bytearray(_RECV_BUFFER_BYTES)
         self._view = memoryview(self._buf)
         self._on_message = on_message
-        self._on_eof = on_eof
+        self._on_close = on_close
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -278,9 +279,15 @@ class LoopChannel:
             n = 0
         if n == 0:
             self._stop_reading()
-            self._on_eof()
+            self._on_close("closed its channel")
             return
-        self._on_message(decode(self._view[:n]))
+        try:
+            msg = decode(self._view[:n])
+        except MessageError as exc:
+            self._stop_reading()
+            self._on_close(f"sent a malformed message ({exc})")
+            return
+        self._on_message(msg)
 
     def send(self, msg: Message) -> None:
         """Send one datagram without waiting; the worker reads one request at a time, so

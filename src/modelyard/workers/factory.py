@@ -113,6 +113,11 @@ class WorkerHandle:
         except ProcessLookupError:
             pass
 
+    @property
+    def pidfd(self) -> int | None:
+        """A pidfd of a forked worker (readable once it has exited); None if unsupported."""
+        return self._pidfd
+
     def close(self) -> None:
         """Release the pidfd (after the exit is known)."""
         if self._pidfd is not None:
@@ -136,6 +141,7 @@ class WorkerFactory:
         self._exits: dict[int, asyncio.Future[int | None]] = {}
         self._handles: dict[int, WorkerHandle] = {}
         self._tokens = itertools.count(1)
+        self._restart_lock = asyncio.Lock()
         self._closed = False
         self.fork_server_info: ForkServerReady | None = None
         """What the fork server reported when ready (pid, threads, import time)."""
@@ -156,10 +162,13 @@ class WorkerFactory:
 
     @property
     def is_running(self) -> bool:
-        """True between start() and close() while the fork server (if any) lives."""
-        if self._loop is None or self._closed:
-            return False
-        return self.config.start_method == "spawn" or self._ctl is not None
+        """True between start() and close()."""
+        return self._loop is not None and not self._closed
+
+    @property
+    def fork_server_alive(self) -> bool:
+        """True while the fork server runs (a dead one is restarted by the next launch)."""
+        return self.is_running and self._ctl is not None
 
     async def start(self) -> None:
         """Choose the limit backend and, for ``fork``, start the fork server."""
@@ -169,7 +178,11 @@ class WorkerFactory:
             self._limiter = await asyncio.to_thread(detect_limiter, choice)
         _log.info("worker memory limits use the %s backend", self._limiter.name)
         if self.config.start_method == "fork":
-            await self._start_fork_server()
+            try:
+                await self._start_fork_server()
+            except BaseException:
+                await self.close()
+                raise
 
     async def __aenter__(self) -> WorkerFactory:
         await self.start()
@@ -188,6 +201,7 @@ class WorkerFactory:
 
     async def _start_fork_server(self) -> None:
         loop = asyncio.get_running_loop()
+        await self._reap_fork_server()
         ours, theirs = socket_pair()
         try:
             self._server = self._popen_fork_server(theirs)
@@ -200,8 +214,11 @@ class WorkerFactory:
         try:
             async with asyncio.timeout(self.config.ready_timeout_s):
                 info = await self._ready
-        except BaseException:
-            await self.close()
+        except BaseException as exc:
+            self._close_ctl("it did not report ready")
+            await self._reap_fork_server()
+            if isinstance(exc, Exception) and not isinstance(exc, WorkerStartError):
+                raise WorkerStartError(f"the fork server did not start: {exc!r}") from exc
             raise
         self.fork_server_info = info
         _log.info(
@@ -244,15 +261,20 @@ class WorkerFactory:
             await asyncio.wait([h.exited for h in handles], timeout=2.0)
         self._closed = True
         self._close_ctl("the worker factory closed")
-        server, self._server = self._server, None
-        if server is not None:
-            try:
-                await asyncio.to_thread(server.wait, 5.0)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                await asyncio.to_thread(server.wait)
+        await self._reap_fork_server()
         if self._limiter is not None:
             await asyncio.to_thread(self._limiter.close)
+
+    async def _reap_fork_server(self) -> None:
+        """Wait for the (closed or dead) fork server to exit; SIGKILL it after 5 s."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        try:
+            await asyncio.to_thread(server.wait, 5.0)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            await asyncio.to_thread(server.wait)
 
     def _close_ctl(self, why: str) -> None:
         ctl, self._ctl = self._ctl, None
@@ -268,13 +290,25 @@ class WorkerFactory:
         self._spawns.clear()
         if self.config.start_method != "fork":
             return
-        # The fork server's children die with it (PR_SET_PDEATHSIG); their exit codes
-        # are lost with it.
-        for pid, exited in list(self._exits.items()):
-            if not exited.done():
-                exited.set_result(None)
-            self._handles.pop(pid, None)
-        self._exits.clear()
+        # The fork server's children die with it (PR_SET_PDEATHSIG) and their exit codes
+        # are lost with it. Make sure of the kill, and report each exit once its pidfd
+        # says the process has really gone.
+        for handle in list(self._handles.values()):
+            handle.kill()
+            self._watch_orphan(handle)
+
+    def _watch_orphan(self, handle: WorkerHandle) -> None:
+        loop = self._loop
+        pidfd = handle.pidfd
+        if loop is None or pidfd is None or loop.is_closed():
+            self._resolve_exit(handle.pid, None)
+            return
+
+        def gone() -> None:
+            loop.remove_reader(pidfd)
+            self._resolve_exit(handle.pid, None)
+
+        loop.add_reader(pidfd, gone)
 
     # --------------------------------------------------------------- fork server I/O
 
@@ -290,7 +324,7 @@ class WorkerFactory:
             data = b""
         if not data:
             if not self._closed:
-                _log.error("the fork server exited; workers cannot be started until restart")
+                _log.error("the fork server exited; its workers died; the next start restarts it")
             self._close_ctl("the fork server exited")
             return
         try:
@@ -344,6 +378,10 @@ class WorkerFactory:
             raise WorkerStartError("the worker factory is not running")
         if self.config.start_method == "spawn":
             return self._spawn(channel, region)
+        async with self._restart_lock:
+            if self._ctl is None:
+                _log.warning("restarting the fork server")
+                await self._start_fork_server()
         ctl = self._ctl
         assert ctl is not None
         assert self._loop is not None

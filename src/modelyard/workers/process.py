@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import signal
 import time
 from typing import Final
 
@@ -41,16 +40,15 @@ from modelyard.errors import (
     ModelStateConflictError,
     ServerError,
     WorkerCrashedError,
-    error_from_code,
 )
 from modelyard.runtimes.warmup import make_warmup_inputs
 from modelyard.workers.channel import ChannelClosedError, LoopChannel, SharedRegion, socket_pair
+from modelyard.workers.exits import describe_exit, rebuild_error
 from modelyard.workers.factory import WorkerFactory, WorkerHandle, WorkerStartError
 from modelyard.workers.footprint import MemorySample, sample_memory
 from modelyard.workers.instance import ExitCallback, InstanceInfo, StartRequest
 from modelyard.workers.limits import MemoryLimit, MemoryLimitError
 from modelyard.workers.messages import (
-    ErrorInfo,
     Failed,
     Hello,
     Infer,
@@ -77,35 +75,6 @@ class _Expired:
 
 _EXPIRED: Final = _Expired()
 _Reply = Message | _Expired
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        sig = signal.Signals(signum)
-    except ValueError:
-        return f"signal {signum}"
-    desc = signal.strsignal(sig)
-    return f"signal {sig.name} ({desc})" if desc else f"signal {sig.name}"
-
-
-def describe_exit(returncode: int | None, *, oom_killed: bool, limit_bytes: int | None) -> str:
-    """Why a worker died, in words, from its return code and the limit's OOM counter."""
-    if oom_killed:
-        limit = f" (memory limit {limit_bytes // _MIB} MiB)" if limit_bytes else ""
-        return f"killed by OOM{limit}"
-    if returncode is None:
-        return "exited; status unknown (the fork server has gone)"
-    if returncode < 0:
-        return f"killed by {_signal_name(-returncode)}"
-    return f"exited with code {returncode}"
-
-
-def rebuild_error(info: ErrorInfo) -> ServerError:
-    """The typed error a worker sent as data; the worker's traceback becomes a note."""
-    err = error_from_code(info.code, info.message)
-    if info.traceback_text:
-        err.add_note(f"worker traceback:\n{info.traceback_text}")
-    return err
 
 
 class ProcessInstance:
@@ -222,7 +191,7 @@ class ProcessInstance:
     async def _launch(self, loop: asyncio.AbstractEventLoop) -> None:
         region = self._region = SharedRegion.create(self._factory.config.region_bytes)
         ours, theirs = socket_pair()
-        self._channel = LoopChannel(ours, self._on_message, self._on_eof)
+        self._channel = LoopChannel(ours, self._on_message, self._on_channel_closed)
         self._in_flight = 0  # the worker's Hello
         try:
             handle = await self._factory.launch(theirs, region)
@@ -367,16 +336,16 @@ class ProcessInstance:
         if waiter is not None and not waiter.done():
             waiter.set_result(msg)
 
-    def _on_eof(self) -> None:
-        # The worker closed its channel: normally because it is exiting, and its exit
-        # report follows. If it lingers, it is of no use any more.
+    def _on_channel_closed(self, why: str) -> None:
+        # Normally the worker is exiting and its exit report follows at once. If it is
+        # still running after a grace period, it is of no use any more.
         if self._loop is not None:
-            self._loop.call_later(_EOF_GRACE_S, self._kill_lingering)
+            self._loop.call_later(_EOF_GRACE_S, self._kill_lingering, why)
 
-    def _kill_lingering(self) -> None:
+    def _kill_lingering(self, why: str) -> None:
         handle = self._handle
         if handle is not None and not handle.exited.done() and not self._stopping:
-            self._kill_reason = self._kill_reason or "killed after closing its channel"
+            self._kill_reason = self._kill_reason or f"killed because it {why}"
             handle.kill()
 
     def _on_exit(self, fut: asyncio.Future[int | None]) -> None:

@@ -154,5 +154,12 @@ async def start_instance(factory: WorkerFactory) -> AsyncIterator[Starter]:
     for instance in started:
         await instance.stop()
     for instance in started:
-        pid = instance.pid
-        assert pid is None or not psutil.pid_exists(pid), f"worker {pid} outlived stop()"
+        assert instance.pid is None or is_gone(instance.pid), f"{instance.pid} outlived stop()"
+
+
+def is_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie not yet reaped by init counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -51,14 +51,15 @@ async def test_start_reports_tensors_footprint_and_timings(
         assert [t.name for t in info.inputs] == ["x"]
         assert [t.name for t in info.outputs] == ["y"]
         assert info.supports_batching
-        assert info.pid is not None and info.pid == instance.pid
+        assert info.pid is not None
+        assert info.pid == instance.pid
         assert info.details["start_method"] == "fork"
         assert info.footprint_bytes == info.details["uss_bytes"]
-        rss, uss, pss = (info.details[k] for k in ("rss_bytes", "uss_bytes", "pss_bytes"))
-        assert isinstance(rss, int) and isinstance(uss, int) and isinstance(pss, int)
+        rss, uss, pss = (int(str(info.details[k])) for k in ("rss_bytes", "uss_bytes", "pss_bytes"))
         assert 0 < uss <= pss <= rss
         assert 0 < info.process_start_s < WARM_START_LIMIT_S
-        assert info.load_s > 0 and info.warmup_s > 0
+        assert info.load_s > 0
+        assert info.warmup_s > 0
         sample = await instance.sample_memory()
         assert sample.rss_bytes > 0
     finally:
@@ -69,7 +70,7 @@ async def test_every_datatype_round_trips(
     start_instance: Starter, onnx_dirs: dict[str, Path]
 ) -> None:
     instance = await start_instance(onnx_spec(onnx_dirs["types"]))
-    feeds = {
+    feeds: dict[str, np.ndarray] = {
         "f32": np.array([[1.5, -2]], np.float32),
         "f16": np.array([[0.5, 3]], np.float16),
         "f64": np.array([[1e300, -0.0]], np.float64),
@@ -217,6 +218,7 @@ async def test_a_warm_start_is_fast(
     info_start = time.perf_counter()
     second = await start_instance(onnx_spec(onnx_dirs["identity"]))
     elapsed = time.perf_counter() - info_start
-    assert instance.is_alive and second.is_alive
+    assert instance.is_alive
+    assert second.is_alive
     assert factory.fork_server_info is not None
     assert elapsed < WARM_START_LIMIT_S

@@ -37,11 +37,13 @@ function bytes(n) {
   return `${v.toFixed(i === 0 ? 0 : 1)} ${units[i]}`;
 }
 
-function ms(seconds) {
+function msNumber(seconds) {
   if (seconds === null || seconds === undefined) return "–";
   const v = seconds * 1000;
-  return v >= 100 ? `${v.toFixed(0)} ms` : `${v.toFixed(v >= 10 ? 1 : 2)} ms`;
+  return v.toFixed(v >= 100 ? 0 : v >= 1 ? 1 : 2);
 }
+
+const ms = (seconds) => (seconds === null || seconds === undefined ? "–" : `${msNumber(seconds)} ms`);
 
 function colour(name) {
   let hash = 0;
@@ -179,8 +181,34 @@ function lastValue(values) {
   return null;
 }
 
-function renderTraffic(series, stats) {
-  document.getElementById("window-min").textContent = Math.round(series.window_s / 60);
+// Charts span the feed's window, or less while the server is young: from the first
+// second with traffic, and at least MIN_SPAN_S.
+const MIN_SPAN_S = 60;
+const SERIES = ["requests", "errors", "cold_starts", "p50_s", "p99_s"];
+
+function trimmed(series) {
+  const n = series.window_s;
+  let first = n;
+  for (const m of series.models) {
+    const i = m.requests.findIndex((v, j) => v > 0 || m.cold_starts[j] > 0);
+    if (i >= 0) first = Math.min(first, i);
+  }
+  const start = Math.max(0, Math.min(first, n - MIN_SPAN_S));
+  const models = series.models.map((m) => {
+    const out = { ...m };
+    for (const k of SERIES) out[k] = m[k].slice(start);
+    return out;
+  });
+  return { span: n - start, models };
+}
+
+function span(seconds) {
+  return seconds < 120 ? `${seconds} s` : `${Math.round(seconds / 60)} minutes`;
+}
+
+function renderTraffic(feed, stats) {
+  const series = trimmed(feed);
+  document.getElementById("window").textContent = span(series.span);
   const resident = new Set(stats.models.filter((m) => RESIDENT.has(m.state)).map(keyOf));
   const cards = series.models
     .filter((m) => resident.has(keyOf(m)) || m.requests.some((v) => v > 0))
@@ -196,7 +224,7 @@ function renderTraffic(series, stats) {
         h("h3", { text: `${keyOf(m)}${errors ? ` · ${errors} errors` : ""}` }),
         row("req/s", rate.toFixed(1), "rate-now",
           chart("rate", [{ cls: "line-rate", values: m.requests }])),
-        row("p50 / p99", `${ms(lastValue(m.p50_s))} / ${ms(lastValue(m.p99_s))}`, "latency-now",
+        row("p50 / p99", `${msNumber(lastValue(m.p50_s))} / ${msNumber(lastValue(m.p99_s))} ms`, "latency-now",
           chart("latency", [{ cls: "line-p99", values: m.p99_s }, { cls: "line-p50", values: m.p50_s }])),
         row("cold starts", String(cold), "cold-now", chart("cold", [], m.cold_starts)));
     });

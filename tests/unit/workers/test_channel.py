@@ -1,0 +1,86 @@
+"""The shared region: tensors in and out, BYTES length-prefixed, growth on demand."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from modelyard.workers.channel import ALIGN_BYTES, MIN_REGION_BYTES, SharedRegion
+from modelyard.workers.messages import TensorMeta
+
+
+@pytest.fixture
+def region() -> Iterator[SharedRegion]:
+    r = SharedRegion.create()
+    yield r
+    r.close()
+
+
+FIXED: dict[str, np.ndarray] = {
+    "f32": np.arange(12, dtype=np.float32).reshape(3, 4),
+    "f16": np.array([0.5, -1], np.float16),
+    "i64": np.array([[2**62]], np.int64),
+    "b": np.array([True, False, True]),
+    "u": np.array(["ab", "c"]),
+    "scalar": np.array(3.5),
+    "empty": np.zeros((0, 4), np.float32),
+    "strided": np.arange(20, dtype=np.int32)[::3],
+}
+
+
+def test_fixed_width_tensors_round_trip(region: SharedRegion) -> None:
+    metas, end = region.write(FIXED)
+    out = region.read(metas, copy=True)
+    assert end % ALIGN_BYTES == 0
+    assert all(m.offset % ALIGN_BYTES == 0 for m in metas)
+    for name, value in FIXED.items():
+        assert out[name].dtype == value.dtype
+        np.testing.assert_array_equal(out[name], value)
+
+
+def test_views_alias_the_region_and_copies_do_not(region: SharedRegion) -> None:
+    metas, _ = region.write({"x": np.zeros(4, np.float32)})
+    view = region.read(metas, copy=False)["x"]
+    copy = region.read(metas, copy=True)["x"]
+    region.write({"x": np.ones(4, np.float32)})
+    np.testing.assert_array_equal(view, np.ones(4))
+    np.testing.assert_array_equal(copy, np.zeros(4))
+
+
+def test_bytes_and_str_tensors_keep_their_element_type(region: SharedRegion) -> None:
+    raw = np.array([[b"", b"\x00\x01"], [b"abc", b"z" * 1000]], dtype=object)
+    text = np.array(["héllo", "", "wörld"], dtype=object)
+    metas, _ = region.write({"raw": raw, "text": text})
+    out = region.read(metas, copy=True)
+    assert out["raw"].tolist() == raw.tolist()
+    assert out["text"].tolist() == text.tolist()
+    assert {type(v) for v in out["raw"].ravel()} == {bytes}
+    assert {type(v) for v in out["text"].ravel()} == {str}
+    assert [m.dtype for m in metas] == ["BYTES", "STR"]
+
+
+def test_object_arrays_of_other_things_are_refused(region: SharedRegion) -> None:
+    with pytest.raises(TypeError, match="expected bytes or str"):
+        region.write({"o": np.array([1, None], dtype=object)})
+
+
+def test_a_large_batch_grows_the_region_and_the_peer_follows(region: SharedRegion) -> None:
+    peer = SharedRegion(os.dup(region.fd), region.size)
+    big = np.random.default_rng(0).random(MIN_REGION_BYTES, dtype=np.float32)  # 4 MiB
+    try:
+        metas, end = region.write({"big": big})
+        assert region.size >= end > MIN_REGION_BYTES
+        peer.remap(region.size)
+        np.testing.assert_array_equal(peer.read(metas, copy=False)["big"], big)
+    finally:
+        peer.close()
+
+
+def test_reading_past_the_region_is_refused(region: SharedRegion) -> None:
+    metas, _ = region.write({"x": np.zeros(4, np.float32)})
+    bad = (TensorMeta("x", "<f4", (1 << 30,), metas[0].offset, 4 << 30),)
+    with pytest.raises(ValueError, match="past the shared region"):
+        region.read(bad, copy=True)

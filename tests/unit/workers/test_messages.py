@@ -1,0 +1,72 @@
+"""Control messages: every type survives encode/decode; bad datagrams are refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from modelyard.runtimes.base import RuntimeSpec, TensorSpec
+from modelyard.workers.messages import (
+    MAX_MESSAGE_BYTES,
+    ErrorInfo,
+    Failed,
+    ForkServerReady,
+    Hello,
+    Infer,
+    InferDone,
+    Load,
+    Loaded,
+    Message,
+    MessageError,
+    SpawnFailed,
+    SpawnWorker,
+    Stop,
+    TensorMeta,
+    WorkerExited,
+    WorkerSpawned,
+    decode,
+    encode,
+)
+
+TENSORS = (TensorMeta("x", "<f4", (2, 3), 0, 24), TensorMeta("s", "BYTES", (1,), 64, 9))
+SPEC = RuntimeSpec(
+    "python", "/m/1", model_name="m", python_class="a:B", share_weights=True, options={"k": "v"}
+)
+MESSAGES: list[Message] = [
+    Hello(pid=42),
+    Load(1, SPEC, 256 << 20),
+    Load(1, SPEC, None),
+    Loaded(1, (TensorSpec("x", "FP32", (-1, 3)),), (TensorSpec("y", "BYTES", ()),), True, 0.5),
+    Infer(7, 1 << 20, TENSORS),
+    InferDone(7, 2 << 20, ()),
+    Failed(7, ErrorInfo("invalid_input", "bad", "Traceback ...")),
+    Stop(),
+    ForkServerReady(10, 2, 0.25),
+    SpawnWorker(3, 1 << 20),
+    WorkerSpawned(3, 99),
+    SpawnFailed(3, "fork failed"),
+    WorkerExited(99, -9),
+]
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_round_trip(msg: Message) -> None:
+    assert decode(encode(msg)) == msg
+
+
+def test_long_tracebacks_are_clipped_to_fit_a_datagram() -> None:
+    msg = Failed(1, ErrorInfo("internal", "m" * 500_000, "t" * 500_000))
+    data = encode(msg)
+    assert len(data) <= MAX_MESSAGE_BYTES
+    back = decode(data)
+    assert isinstance(back, Failed)
+    assert "characters cut" in back.error.traceback_text
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"not json", b'{"t": "?"}', b'{"t": "i", "s": 1}', b"[1, 2]"],
+    ids=["not-json", "unknown-tag", "missing-field", "not-an-object"],
+)
+def test_malformed_datagrams_raise_message_error(data: bytes) -> None:
+    with pytest.raises(MessageError):
+        decode(data)
