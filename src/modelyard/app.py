@@ -16,7 +16,7 @@ import uvicorn
 
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import ServerSettings
-from modelyard.errors import ModelNotReadyError
+from modelyard.errors import DeadlineExceededError, ModelNotReadyError
 from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.app import create_app
 from modelyard.manager.manager import ModelManager
@@ -85,9 +85,13 @@ class App:
             instance = record.instance
             if instance is None or not instance.is_alive:
                 raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                # Dispatching now would only get a healthy worker killed for overrunning.
+                raise DeadlineExceededError(f"model {record.key}: deadline passed before it ran")
             record.in_flight += 1
             try:
-                return await instance.infer(batch, max(0.001, deadline - time.monotonic()))
+                return await instance.infer(batch, remaining)
             finally:
                 record.in_flight -= 1
 

@@ -22,6 +22,7 @@ from modelyard.protocol.types import InferOutput, InferRequest, InferResponse
 from modelyard.runtimes.base import TensorSpec
 
 SERVER_NAME = "modelyard"
+_ROUTE_ATTEMPTS = 3
 EXTENSIONS = ["model_repository", "binary_tensor_data", "schedule_policy", "statistics"]
 
 _PLATFORMS = {
@@ -106,15 +107,27 @@ class DataPlane:
             timeout_s = min(timeout_s, request.timeout_s)
         deadline = time.monotonic() + timeout_s
         manager.touch(record)
-        if not record.is_ready:
-            await manager.ensure_ready(record, deadline=deadline)
-        info = record.info
-        assert info is not None
-        inputs = self._validate(record, request, info.inputs)
-        scheduler = record.scheduler
-        if scheduler is None:
-            raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
-        outputs = await scheduler.submit(inputs, priority=request.priority, deadline=deadline)
+        # A lease marks the request as wanting this version, so eviction prefers others
+        # and waits for it; the loop re-routes a request whose model was evicted (or
+        # restarted) between routing and queueing: it never ran, so it is safe to retry.
+        record.leases += 1
+        try:
+            for attempt in range(_ROUTE_ATTEMPTS):
+                if not record.is_ready:
+                    await manager.ensure_ready(record, deadline=deadline)
+                info = record.info
+                scheduler = record.scheduler
+                if info is None or scheduler is None or not scheduler.is_accepting:
+                    if attempt + 1 < _ROUTE_ATTEMPTS:
+                        continue
+                    raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
+                inputs = self._validate(record, request, info.inputs)
+                outputs = await scheduler.submit(
+                    inputs, priority=request.priority, deadline=deadline
+                )
+                break
+        finally:
+            record.leases -= 1
         return InferResponse(
             model_name=record.key.name,
             model_version=record.key.version,

@@ -73,6 +73,9 @@ class ModelRecord:
     timings: LoadTimings = field(default_factory=LoadTimings)
     stats: ModelStats = field(default_factory=ModelStats)
     in_flight: int = 0
+    """Batches running on the instance now."""
+    leases: int = 0
+    """Requests routed to this version that have not finished yet (queued or not)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     pinned: bool = False
     state_since: float = field(default_factory=time.monotonic)
@@ -90,7 +93,7 @@ class ModelRecord:
     def pending(self) -> int:
         """Requests queued or running for this version."""
         queued = self.scheduler.pending if self.scheduler is not None else 0
-        return max(queued, self.in_flight)
+        return max(queued, self.in_flight, self.leases)
 
 
 @dataclass(frozen=True, slots=True)

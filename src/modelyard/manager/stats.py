@@ -47,7 +47,7 @@ def record_stats(record: ModelRecord) -> dict[str, Any]:
     }
     if record.info is not None:
         out["pid"] = record.info.pid
-        out["memory"] = record.info.details.get("memory", {})
+        out["worker"] = dict(record.info.details)
     if record.scheduler is not None:
         out["scheduler"] = record.scheduler.stats()
     return out

@@ -272,6 +272,11 @@ class ModelScheduler:
     # ---------------------------------------------------------------- inspection
 
     @property
+    def is_accepting(self) -> bool:
+        """True while ``submit`` admits requests (started, not draining or closed)."""
+        return self._state is _Lifecycle.RUNNING
+
+    @property
     def pending(self) -> int:
         """Requests queued or running; the manager never evicts while this is above 0."""
         return len(self._queue) + self._running_requests
