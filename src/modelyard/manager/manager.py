@@ -58,6 +58,8 @@ _SIZE_GUESS_BASE_BYTES = 4 * _MIB
 _RESTART_BACKOFF_S = (0.05, 0.25, 1.0, 2.0, 5.0)
 # A model whose load failed is not retried by requests for this long.
 _FAILED_RETRY_S = 10.0
+# How often one caller may see its model loaded and evicted again before giving up.
+_ENSURE_ATTEMPTS = 4
 
 
 def default_budget_bytes() -> int:
@@ -250,28 +252,36 @@ class ModelManager:
                 f"model {record.key} failed to load: {record.reason}",
                 retry_after_s=_FAILED_RETRY_S,
             )
-        task = record.load_task
-        if task is None or task.done():
-            task = asyncio.ensure_future(self._load(record, deadline))
-            record.load_task = task
-            if cold_start:
-                record.stats.cold_starts += 1
         started = time.monotonic()
-        timeout = None if deadline is None else max(0.0, deadline - started)
+        counted = False
         try:
-            await asyncio.wait_for(asyncio.shield(task), timeout)
-        except TimeoutError:
-            raise DeadlineExceededError(
-                f"model {record.key} is still loading; the request's deadline passed"
-            ) from None
+            # A model evicted again between its load finishing and this caller waking
+            # up (memory pressure) is simply loaded again, within the deadline.
+            for _ in range(_ENSURE_ATTEMPTS):
+                task = record.load_task
+                if task is None or task.done():
+                    task = asyncio.ensure_future(self._load(record, deadline))
+                    record.load_task = task
+                    if cold_start and not counted:
+                        record.stats.cold_starts += 1
+                        counted = True
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), timeout)
+                except TimeoutError:
+                    raise DeadlineExceededError(
+                        f"model {record.key} is still loading; the request's deadline passed"
+                    ) from None
+                if record.state is ModelState.FAILED:
+                    raise ModelLoadError(f"model {record.key} failed to load: {record.reason}")
+                if record.is_ready:
+                    return record
+                if self._closing:
+                    break
         finally:
             if cold_start:
                 record.stats.cold_start_s_total += time.monotonic() - started
-        if record.state is ModelState.FAILED:
-            raise ModelLoadError(f"model {record.key} failed to load: {record.reason}")
-        if not record.is_ready:
-            raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
-        return record
+        raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
 
     def estimate_bytes(self, record: ModelRecord) -> int:
         """Reservation before a load: max of declared, last measured and size guess."""
@@ -404,15 +414,17 @@ class ModelManager:
 
     # ----------------------------------------------------------------- budget
 
-    def _candidates(self, loading: ModelRecord) -> list[ModelRecord]:
+    def _candidates(self, loader: ModelRecord, *, loading: bool = False) -> list[ModelRecord]:
+        """Models ``loader`` may evict: READY ones (or, with ``loading``, those on the way)."""
+        states = (ModelState.LOADING, ModelState.WARMING) if loading else (ModelState.READY,)
         return [
             r
             for r in self.records()
-            if r is not loading
-            and r.config.device == loading.config.device
-            and r.state is ModelState.READY
+            if r is not loader
+            and r.config.device == loader.config.device
+            and r.state in states
             and not r.pinned
-            and r.config.priority >= loading.config.priority
+            and r.config.priority >= loader.config.priority
         ]
 
     def _refusal(self, record: ModelRecord, need: int) -> MemoryBudgetError:
@@ -461,9 +473,15 @@ class ModelManager:
             if leaving < missing:
                 victims = select_victims(self.policy, self._candidates(record), missing - leaving)
                 if victims is None:
-                    raise self._refusal(record, need)
-                for victim in victims:
-                    self._spawn(self.evict(victim, reason=f"making room for {record.key}"))
+                    # Models still loading become evictable once READY: wait for them
+                    # rather than refuse, unless even they could not make room.
+                    coming = sum(r.reserved_bytes for r in self._candidates(record, loading=True))
+                    ready = sum(r.reserved_bytes for r in self._candidates(record))
+                    if leaving + ready + coming < missing:
+                        raise self._refusal(record, need)
+                else:
+                    for victim in victims:
+                        self._spawn(self.evict(victim, reason=f"making room for {record.key}"))
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise DeadlineExceededError(

@@ -1,0 +1,287 @@
+"""Cold start: how long a model takes from "load it" to "it answered", vs bare ONNX Runtime.
+
+Run from the repository root::
+
+    .venv/bin/python bench/bench_cold_start.py            # 1, 50, 200 MB MLPs, 7 repeats
+    .venv/bin/python bench/bench_cold_start.py --quick    # 1 and 50 MB, 3 repeats
+
+For ONNX MLPs of each size (random weights, built into a temporary folder at run time) and
+a tiny identity model, one ``modelyard serve`` subprocess with ``isolation: process``:
+
+* **load API**: wall time of ``POST /v2/repository/models/{m}/load`` seen by the client
+  (the server answers once the worker has loaded and warmed the model: one inference),
+  then the split ``/v2/stats`` gives under ``last_load`` (queue wait, process start,
+  runtime load, warm-up; what ``total_s`` holds beyond those is shown as "other");
+* **first infer**: wall time of the first ``/infer`` to the model while it is unloaded
+  (load + warm-up + the request);
+* **bare ORT**: a fresh ``python`` subprocess per repeat that imports onnxruntime, then
+  times ``InferenceSession(...)`` (the same session options modelyard uses) plus one
+  ``run``; interpreter start and imports are outside the timed span (a modelyard worker
+  is forked with them already imported).
+
+The model is unloaded between repeats. Every variant runs once unmeasured first so the
+page cache is warm for all alike; repeats interleave the variants, so machine noise hits
+them alike. Reported: medians over repeats and the ratio modelyard / bare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _server
+from modelyard.examples.mlp import MIB, build_identity_onnx, build_mlp_onnx
+
+TARGET_SMALL_MS = 50.0
+"""Target: cold start of a small model, load API, median."""
+TARGET_RATIO = 1.2
+"""Target: modelyard load / bare ORT session + one inference, median."""
+
+_PARTS = ("queue_wait_s", "process_start_s", "runtime_load_s", "warmup_s")
+
+# Runs in a fresh interpreter per repeat; prints one JSON line of seconds.
+_BARE_SCRIPT = """
+import json, sys, time
+import numpy as np
+import onnxruntime as ort
+path = sys.argv[1]
+t0 = time.perf_counter()
+opts = ort.SessionOptions()
+opts.intra_op_num_threads = 1
+opts.inter_op_num_threads = 1
+opts.log_severity_level = 3
+session = ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+t1 = time.perf_counter()
+arg = session.get_inputs()[0]
+x = np.zeros([1] + [d if isinstance(d, int) else 1 for d in arg.shape[1:]], dtype=np.float32)
+session.run(None, {arg.name: x})
+t2 = time.perf_counter()
+print(json.dumps({"session_s": t1 - t0, "infer_s": t2 - t1, "total_s": t2 - t0}))
+"""
+
+
+def build_models(root: Path, sizes_mb: list[float]) -> dict[str, Path]:
+    """``name -> model.onnx`` for the identity model and one MLP per size."""
+    models = {"identity": build_identity_onnx(root / "identity" / "1" / "model.onnx")}
+    for size in sizes_mb:
+        name = f"mlp-{size:g}mb"
+        models[name] = build_mlp_onnx(root / name / "1" / "model.onnx", size)
+    return models
+
+
+def bare_once(path: Path) -> dict[str, float]:
+    """One fresh-process bare ORT cold start; adds ``process_s`` (spawn to exit)."""
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", _BARE_SCRIPT, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    process_s = time.perf_counter() - t0
+    out: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    out["process_s"] = process_s
+    return out
+
+
+def load_once(server: _server.Server, name: str) -> dict[str, float]:
+    """Load via the repository API, read the split, unload; seconds."""
+    t0 = time.perf_counter()
+    server.post(f"/v2/repository/models/{name}/load")
+    wall_s = time.perf_counter() - t0
+    last = server.model_stats(name)["last_load"]
+    t1 = time.perf_counter()
+    server.post(f"/v2/repository/models/{name}/unload")
+    unload_s = time.perf_counter() - t1
+    parts = {key: float(last[key]) for key in _PARTS}
+    total = float(last["total_s"])
+    return {
+        "wall_s": wall_s,
+        "server_total_s": total,
+        **parts,
+        "other_s": total - sum(parts.values()),
+        "unload_s": unload_s,
+    }
+
+
+def first_infer_once(server: _server.Server, name: str, body: dict[str, Any]) -> dict[str, float]:
+    """The first request to an unloaded model, then unload; seconds."""
+    t0 = time.perf_counter()
+    response = server.client.post(f"/v2/models/{name}/infer", json=body)
+    wall_s = time.perf_counter() - t0
+    if response.status_code != 200:
+        raise RuntimeError(f"infer {name}: {response.status_code} {response.text[:300]}")
+    server.post(f"/v2/repository/models/{name}/unload")
+    return {"wall_s": wall_s}
+
+
+def _infer_body(name: str) -> dict[str, Any]:
+    width = 4 if name == "identity" else 64
+    return {"inputs": [{"name": "input", "shape": [1, width], "datatype": "FP32", "data": [0.5] * width}]}
+
+
+def _median(rows: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    sizes = [float(s) for s in args.sizes_mb.split(",")]
+    with tempfile.TemporaryDirectory(prefix="bench-cold-start-") as tmp:
+        root = Path(tmp)
+        print(f"building models {sizes} MB ...", file=sys.stderr)
+        models = build_models(root, sizes)
+        file_mib = {name: path.stat().st_size / MIB for name, path in models.items()}
+        entries = [
+            {"name": name, "path": name, "isolation": "process", "preload": False}
+            for name in models
+        ]
+        config = _server.write_config(root, entries, budget_mb=args.budget_mb)
+        raw: dict[str, dict[str, list[dict[str, float]]]] = {
+            name: {"load": [], "first_infer": [], "bare": []} for name in models
+        }
+        with _server.Server(config, root / "server.log") as server:
+            print(f"server pid {server.pid} on {server.url}", file=sys.stderr)
+            # Warm the page cache (and the fork server) for every variant, unmeasured.
+            for name, path in models.items():
+                load_once(server, name)
+                first_infer_once(server, name, _infer_body(name))
+                bare_once(path)
+            for rep in range(args.repeats):
+                for name, path in models.items():
+                    variants = [
+                        ("load", lambda n=name: load_once(server, n)),
+                        ("first_infer", lambda n=name: first_infer_once(server, n, _infer_body(n))),
+                        ("bare", lambda p=path: bare_once(p)),
+                    ]
+                    # Rotate the order each repeat so no variant always runs right after
+                    # another one's page-cache or CPU-frequency effects.
+                    shift = rep % len(variants)
+                    for label, fn in variants[shift:] + variants[:shift]:
+                        raw[name][label].append(fn())
+                print(f"  repeat {rep + 1}/{args.repeats} done", file=sys.stderr)
+    summary: dict[str, dict[str, float]] = {}
+    for name, by_variant in raw.items():
+        load, first, bare = by_variant["load"], by_variant["first_infer"], by_variant["bare"]
+        bare_ms = _median(bare, "total_s") * 1e3
+        load_ms = _median(load, "wall_s") * 1e3
+        first_ms = _median(first, "wall_s") * 1e3
+        summary[name] = {
+            "file_mib": round(file_mib[name], 2),
+            "load_ms": load_ms,
+            "first_infer_ms": first_ms,
+            "bare_ms": bare_ms,
+            "bare_session_ms": _median(bare, "session_s") * 1e3,
+            "bare_infer_ms": _median(bare, "infer_s") * 1e3,
+            "bare_process_ms": _median(bare, "process_s") * 1e3,
+            "ratio_load": load_ms / bare_ms,
+            "ratio_first_infer": first_ms / bare_ms,
+            "unload_ms": _median(load, "unload_s") * 1e3,
+            **{f"{k[:-2]}_ms": _median(load, k) * 1e3 for k in (*_PARTS, "other_s", "server_total_s")},
+        }
+    return {"raw": raw, "summary": summary}
+
+
+def report(summary: dict[str, dict[str, float]]) -> str:
+    header = [
+        "model",
+        "file MiB",
+        "modelyard load (ms)",
+        "first infer (ms)",
+        "bare ORT (ms)",
+        "load / bare",
+        "first infer / bare",
+    ]
+    rows = [
+        [
+            name,
+            f"{s['file_mib']:.1f}",
+            f"{s['load_ms']:.1f}",
+            f"{s['first_infer_ms']:.1f}",
+            f"{s['bare_ms']:.1f}",
+            f"{s['ratio_load']:.2f}×",
+            f"{s['ratio_first_infer']:.2f}×",
+        ]
+        for name, s in summary.items()
+    ]
+    split_header = [
+        "model",
+        "queue wait",
+        "process start",
+        "runtime load",
+        "warm-up",
+        "other",
+        "server total",
+        "client wall",
+        "bare: session / infer",
+        "unload",
+    ]
+    split_rows = [
+        [
+            name,
+            f"{s['queue_wait_ms']:.1f}",
+            f"{s['process_start_ms']:.1f}",
+            f"{s['runtime_load_ms']:.1f}",
+            f"{s['warmup_ms']:.1f}",
+            f"{s['other_ms']:.1f}",
+            f"{s['server_total_ms']:.1f}",
+            f"{s['load_ms']:.1f}",
+            f"{s['bare_session_ms']:.1f} / {s['bare_infer_ms']:.2f}",
+            f"{s['unload_ms']:.1f}",
+        ]
+        for name, s in summary.items()
+    ]
+    return (
+        _server.markdown_table(header, rows)
+        + "\n\nSplit of the load API's time from `/v2/stats` `last_load` (medians, ms):\n\n"
+        + _server.markdown_table(split_header, split_rows)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="1 and 50 MB, 3 repeats")
+    parser.add_argument("--sizes-mb", default="1,50,200", help="MLP sizes (%(default)s)")
+    parser.add_argument("--repeats", type=int, default=7, help="measured repeats (%(default)s)")
+    parser.add_argument("--budget-mb", type=float, default=4096, help="server memory budget")
+    args = parser.parse_args()
+    if args.quick:
+        args.sizes_mb, args.repeats = "1,50", 3
+    env = _server.environment()
+    started = time.time()
+    result = run(args)
+    table = report(result["summary"])
+    small = result["summary"][f"mlp-{float(args.sizes_mb.split(',')[0]):g}mb"]
+    verdict = (
+        f"small-model (first MLP) cold start via load API: {small['load_ms']:.1f} ms "
+        f"(target <= {TARGET_SMALL_MS:.0f} ms); worst load/bare ratio: "
+        f"{max(s['ratio_load'] for s in result['summary'].values()):.2f}x "
+        f"(target <= {TARGET_RATIO}x)"
+    )
+    print(f"\nmedians of {args.repeats} repeats; {env}\n")
+    print(table)
+    print(f"\n{verdict}")
+    path = _server.write_results(
+        "bench_cold_start",
+        {
+            "args": vars(args),
+            "environment": env,
+            "elapsed_s": round(time.time() - started, 1),
+            "summary": result["summary"],
+            "raw": result["raw"],
+        },
+    )
+    print(f"\nwrote {path.relative_to(_server.REPO_ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
