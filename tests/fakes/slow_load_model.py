@@ -1,0 +1,32 @@
+"""A fault model for ``runtime: python`` whose load takes a while, copied into a version folder.
+
+Each start of its worker (the first load and every restart) sleeps :data:`LOAD_S`, so a
+test can watch what the server says while a dead worker's replacement is still loading.
+Self-contained: the server imports it from the version folder, not from ``tests``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from modelyard.runtimes.base import TensorSpec
+
+LOAD_S = 0.3
+"""Seconds every load sleeps."""
+
+
+class SlowLoadModel:
+    """``y = x`` after a slow load."""
+
+    inputs = [TensorSpec("x", "FP32", (-1, 1))]
+    outputs = [TensorSpec("y", "FP32", (-1, 1))]
+
+    def load(self, version_dir: str) -> None:
+        """Take :data:`LOAD_S` seconds."""
+        time.sleep(LOAD_S)
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Echo."""
+        return {"y": inputs["x"].astype(np.float32)}
