@@ -114,7 +114,8 @@ async def test_many_models_under_a_third_of_their_footprint(tmp_path: Path) -> N
         assert failures == [], failures[:5]
         assert violations == []
         assert answered > 100
-        assert evictions > 0 and loads > N_MODELS // 2, (evictions, loads)
+        assert evictions > 0
+        assert loads > N_MODELS // 2
         limit = budget.budget_bytes + idle_pss + SLACK_BYTES
         assert peak_pss <= limit, (peak_pss / MIB, limit / MIB, idle_pss / MIB)
         print(

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -173,3 +174,21 @@ async def test_circuit_breaker_opens_and_recovers(slow_config: Path) -> None:
             )
             assert bad.status_code == 400
         assert (await client.post("/v2/models/faulty/infer", json=_x(0.5))).status_code == 200
+
+
+async def test_a_client_that_disconnects_has_its_queued_request_removed(slow_config: Path) -> None:
+    async with running_server(slow_config) as (app, client):
+        blocker = asyncio.create_task(client.post("/v2/models/faulty/infer", json=_x(SLOW)))
+        await asyncio.sleep(0.05)
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post("/v2/models/faulty/infer", json=_x(SLOW), timeout=0.1)
+        assert (await blocker).status_code == 200
+        scheduler = app.manager.resolve("faulty", None).scheduler
+        assert scheduler is not None
+        for _ in range(50):
+            if scheduler.counters["cancelled"] == 1:
+                break
+            await asyncio.sleep(0.02)
+        counters = scheduler.counters
+        assert counters["cancelled"] == 1
+        assert counters["model_calls"] == 1, "only the blocker ran; the cancelled one never did"

@@ -7,9 +7,11 @@ a 500 with its message, and the server keeps serving.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -23,6 +25,7 @@ from modelyard.errors import (
     InvalidInputError,
     ModelNotReadyError,
     PayloadTooLargeError,
+    RequestCancelledError,
     ServerError,
 )
 from modelyard.frontends.dataplane import DataPlane
@@ -34,6 +37,7 @@ from modelyard.protocol.types import InferInput, InferRequest
 log = logging.getLogger("modelyard.http")
 
 Handler = Callable[[Request], Awaitable[Response]]
+T = TypeVar("T")
 JSON = {"content-type": "application/json"}
 
 
@@ -42,6 +46,30 @@ def json_response(doc: object, status: int = 200) -> Response:
     return Response(
         orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status, headers=JSON
     )
+
+
+async def _wait_disconnect(request: Request) -> None:
+    # The body has been read, so the next ASGI message can only be the disconnect.
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work``, cancelling it (and so removing a queued request) if the client leaves."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ServerError):
+            await task
+        raise RequestCancelledError("the client disconnected before its answer was ready")
+    return task.result()
 
 
 def _guard(handler: Handler) -> Handler:
@@ -134,7 +162,7 @@ class RestApi:
             except ValueError:
                 raise InvalidInputError("X-Modelyard-Timeout-Ms must be a number") from None
             req.timeout_s = header_s if req.timeout_s is None else min(req.timeout_s, header_s)
-        resp = await self.dp.infer(req)
+        resp = await _unless_disconnected(request, self.dp.infer(req))
         payload, header_len = encode_response(resp, req)
         if header_len is None:
             return Response(payload, headers=JSON)
