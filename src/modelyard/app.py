@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import uvicorn
+from prometheus_client import CollectorRegistry
 
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import ServerSettings
@@ -23,6 +24,7 @@ from modelyard.manager.manager import ModelManager
 from modelyard.manager.poller import RepositoryPoller
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.versions import VersionController
+from modelyard.observability.metrics import Metrics
 from modelyard.scheduling.config import BreakerConfig, SchedulerConfig
 from modelyard.scheduling.scheduler import ModelScheduler
 from modelyard.workers.factory import WorkerFactory
@@ -37,6 +39,8 @@ class App:
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
+        self.metrics = Metrics(CollectorRegistry())
+        """Every Prometheus metric of this server; served at ``/metrics``."""
         self.manager = ModelManager(
             settings,
             self._make_instance,
@@ -49,7 +53,9 @@ class App:
             self.poller = RepositoryPoller(
                 self.manager, self.versions, settings.poll_interval_s, settings.poll_settle_s
             )
-        self.dataplane = DataPlane(self.manager)
+        self.manager.events.listeners.append(self.metrics.on_event)
+        self.metrics.bind(self.manager)
+        self.dataplane = DataPlane(self.manager, self.metrics)
         self._http: uvicorn.Server | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._grpc: Any = None
@@ -95,7 +101,12 @@ class App:
             finally:
                 record.in_flight -= 1
 
-        scheduler = ModelScheduler(str(record.key), config, execute)
+        scheduler = ModelScheduler(
+            str(record.key),
+            config,
+            execute,
+            on_batch=self.metrics.batch_hook(record.key.name, record.key.version),
+        )
         await scheduler.start()
         record.scheduler = scheduler
 
@@ -166,8 +177,10 @@ class App:
     def extra_routes(self) -> list[Any]:
         """Routes beside the protocol's (metrics, dashboard, admin)."""
         from modelyard.frontends.http.admin import admin_routes
+        from modelyard.frontends.http.dashboard import dashboard_routes
+        from modelyard.frontends.http.metrics import metrics_routes
 
-        return admin_routes(self)
+        return [*admin_routes(self), *metrics_routes(self.metrics), *dashboard_routes(self)]
 
     async def stop(self) -> None:
         """Stop taking requests, finish in-flight ones, unload every model, stop servers."""

@@ -16,10 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.test_metrics import fake, wired, x
+from tests.integration.test_metrics import fake, x
 from tests.servers import running_server, write_config
-
-__all__ = ["wired"]  # the autouse fixture that wires metrics until App does
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 HAS_CHROMIUM = Path(CHROMIUM).exists()

@@ -22,6 +22,7 @@ import pytest
 
 from modelyard.examples.mlp import build_mlp_onnx
 from tests.fakes.models import CRASH, HANG, SLOW
+from tests.fakes.slow_load_model import LOAD_S
 from tests.integration.conftest import python_model
 from tests.servers import running_server, write_config
 
@@ -111,6 +112,21 @@ async def _watch_restart(
         assert now - since < within, f"{name} not back within {within} s; /ready said {seen}"
 
 
+async def _await_replacement(
+    client: httpx.AsyncClient, name: str, old_pid: int, since: float
+) -> dict[str, Any]:
+    """Poll ``/v2/stats`` until a new worker serves ``name``; its stats row.
+
+    Fails unless that happens within :data:`RECOVERY_S` of ``since``.
+    """
+    while True:
+        stats = await _stats(client, name)
+        if stats["restarts"] >= 1 and stats["ready"] and stats["pid"] != old_pid:
+            return stats
+        assert time.monotonic() - since < RECOVERY_S, f"{name} not back in time: {stats}"
+        await asyncio.sleep(0.005)
+
+
 async def _until(condition: Callable[[], bool], within: float, what: str) -> None:
     """Wait (polling) until ``condition()`` holds; fail after ``within`` seconds."""
     deadline = time.monotonic() + within
@@ -125,6 +141,11 @@ def _gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def _live_descendants() -> set[int]:
+    """Pids of this process's running descendants: the fork server and the workers."""
+    return {p.pid for p in psutil.Process().children(recursive=True) if not _gone(p.pid)}
 
 
 def _tree_rss() -> int:
@@ -176,6 +197,7 @@ async def test_sigkill_with_requests_in_flight(model_root: Path, tmp_path: Path)
         record = app.manager.resolve("faulty", None)
         assert record.info is not None
         old_pid = record.info.pid
+        assert old_pid is not None
         assert (await _stats(client, "faulty"))["pid"] == old_pid
         assert old_pid != (await _stats(client, "digits-logreg"))["pid"]
 
@@ -250,13 +272,9 @@ async def test_model_that_kills_itself(faulty_config: Path) -> None:
         assert "SIGKILL" in message, message
         assert answered_s < HANG_TIMEOUT_MS / 1000, "the crash was not noticed at once"
 
-        await _until(lambda: _gone(old_pid), 1.0, "the crashed worker to go")
-        stats = await _stats(client, "faulty")
-        if stats["ready"]:  # already restarted: fine, but it must be a new worker
-            assert stats["pid"] != old_pid, stats
-        else:
-            await _watch_restart(client, "faulty", t0)
-        assert time.monotonic() - t0 < RECOVERY_S
+        await _await_replacement(client, "faulty", old_pid, t0)
+        assert (await client.get("/v2/models/faulty/ready")).status_code == 200
+        assert _gone(old_pid)
         ok = await client.post("/v2/models/faulty/infer", json=_x(0.5))
         assert ok.status_code == 200, ok.text
         stats = await _stats(client, "faulty")
@@ -277,10 +295,8 @@ async def test_hung_worker_is_killed_and_replaced(faulty_config: Path) -> None:
         assert answered_s < HANG_TIMEOUT_MS / 1000 + HANG_MARGIN_S, answered_s
         assert (await bystander).status_code == 200
 
-        await _until(lambda: _gone(old_pid), 1.0, "the hung worker to be killed")
-        if not (await _stats(client, "faulty"))["ready"]:
-            await _watch_restart(client, "faulty", t0)
-        assert time.monotonic() - t0 < RECOVERY_S + HANG_TIMEOUT_MS / 1000
+        await _await_replacement(client, "faulty", old_pid, t0)
+        assert _gone(old_pid), "the hung worker still runs"
         for value in (0.25, 0.5):
             ok = await client.post("/v2/models/faulty/infer", json=_x(value))
             assert ok.status_code == 200, ok.text
@@ -294,9 +310,7 @@ async def test_hung_worker_is_killed_and_replaced(faulty_config: Path) -> None:
         assert "killed after overrunning its deadline" in crashes[0], crashes
 
 
-async def test_model_past_its_memory_limit_is_oom_killed(
-    model_root: Path, tmp_path: Path
-) -> None:
+async def test_model_past_its_memory_limit_is_oom_killed(model_root: Path, tmp_path: Path) -> None:
     models = [
         python_model("leaky", "LeakyModel", preload=True, memory_limit_mb=LEAK_LIMIT_MB),
         {"name": "mlp", "path": "mlp", "preload": True},
@@ -318,9 +332,7 @@ async def test_model_past_its_memory_limit_is_oom_killed(
         assert f"killed by OOM (memory limit {LEAK_LIMIT_MB} MiB)" in message, message
         assert bystander.status_code == 200, bystander.text
 
-        if not (await _stats(client, "leaky"))["ready"]:
-            await _watch_restart(client, "leaky", t0)
-        assert time.monotonic() - t0 < RECOVERY_S
+        await _await_replacement(client, "leaky", old_pid, t0)
         assert _gone(old_pid)
         small = await client.post("/v2/models/leaky/infer", json=_x(1.0))
         assert small.status_code == 200, small.text
@@ -378,16 +390,15 @@ async def test_unload_gives_memory_back(tmp_path: Path, size_mb: int) -> None:
         assert _gone(pid), "the unloaded model's worker still runs"
         returned = loaded_rss - _tree_rss()
         assert returned >= RETURNED_FRACTION * footprint, (
-            f"unload returned {returned / 2**20:.1f} MiB of a "
-            f"{footprint / 2**20:.1f} MiB footprint"
+            f"unload returned {returned / 2**20:.1f} MiB of a {footprint / 2**20:.1f} MiB footprint"
         )
         assert (await _index_row(client, "big"))["state"] == "UNLOADED"
         assert (await client.get("/v2/models/big/ready")).status_code == 400
 
 
-async def test_readiness_tells_the_truth_while_restarting(
-    model_root: Path, tmp_path: Path
-) -> None:
+@pytest.fixture
+def slow_load_config(model_root: Path, tmp_path: Path) -> Path:
+    """``slow-load``: every start of its worker takes LOAD_S, so a restart is watchable."""
     version_dir = tmp_path / "slow-load" / "1"
     version_dir.mkdir(parents=True)
     shutil.copy(FAKES / "slow_load_model.py", version_dir / "slow_load_model.py")
@@ -398,8 +409,11 @@ async def test_readiness_tells_the_truth_while_restarting(
         "class": "slow_load_model:SlowLoadModel",
         "preload": True,
     }
-    cfg = write_config(tmp_path, [model], model_repository=str(model_root))
-    async with running_server(cfg) as (_, client):
+    return write_config(tmp_path, [model], model_repository=str(model_root))
+
+
+async def test_readiness_tells_the_truth_while_restarting(slow_load_config: Path) -> None:
+    async with running_server(slow_load_config) as (_, client):
         old_pid = (await _stats(client, "slow-load"))["pid"]
         assert (await client.get("/v2/models/slow-load/ready")).status_code == 200
         assert (await _index_row(client, "slow-load"))["state"] == "READY"
@@ -443,3 +457,26 @@ async def test_readiness_tells_the_truth_while_restarting(
             assert "SIGKILL" in row["reason"], row
     assert new_pid != old_pid
     assert _gone(old_pid)
+
+
+async def test_request_during_restart_is_served_by_the_one_new_worker(
+    slow_load_config: Path,
+) -> None:
+    async with running_server(slow_load_config) as (_, client):
+        old_pid = (await _stats(client, "slow-load"))["pid"]
+        before = _live_descendants()
+        assert old_pid in before
+        killed_at = time.monotonic()
+        os.kill(old_pid, signal.SIGKILL)
+        while (await client.get("/v2/models/slow-load/ready")).status_code == 200:
+            assert time.monotonic() - killed_at < 0.5, "the death was noticed late"
+        r = await client.post("/v2/models/slow-load/infer", json=_x(0.5))
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"][0]["data"] == [0.5]
+        # The restart already under way must not start a second worker once that
+        # request's load is done; give it time to (wrongly) finish one.
+        await asyncio.sleep(2 * LOAD_S)
+        stats = await _stats(client, "slow-load")
+        assert stats["ready"], stats
+        assert stats["restarts"] == 1, stats
+        assert _live_descendants() == (before - {old_pid}) | {stats["pid"]}

@@ -8,25 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-import tests.servers
-from modelyard.app import App
-from modelyard.config.settings import ServerSettings
-from modelyard.errors import ErrorCode, ServerError
-from modelyard.frontends.http.dashboard import dashboard_routes
-from modelyard.frontends.http.metrics import metrics_routes
-from modelyard.manager.records import ModelRecord
-from modelyard.observability.metrics import OK, Metrics
-from modelyard.protocol.types import InferRequest, InferResponse
+from modelyard.observability.metrics import Metrics
 from tests.servers import running_server, write_config
 
 MIB = 1024 * 1024
@@ -49,93 +39,6 @@ class BallastModel:
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {{"y": inputs["x"].astype(np.float32)}}
 '''
-
-
-# --------------------------------------------------------------------------- wiring shim
-
-
-class _WiredApp(App):
-    """``App`` plus the metrics wiring proposed for ``app.py`` and ``dataplane.py``.
-
-    A no-op once ``App`` has ``metrics`` itself; then delete this class and the
-    ``wired`` fixture, and the tests run on the plain ``running_server``.
-    """
-
-    def __init__(self, settings: ServerSettings) -> None:
-        super().__init__(settings)
-        self._shimmed = not hasattr(self, "metrics")
-        if not self._shimmed:
-            return
-        metrics = self.metrics = Metrics(CollectorRegistry())
-        self.manager.events.listeners.append(metrics.on_event)
-        metrics.bind(self.manager)
-        # Test-only stand-ins for the DataPlane hooks the proposed diff adds.
-        self.dataplane.infer = _timed_infer(  # type: ignore[method-assign, assignment]
-            self.dataplane.infer, self, metrics
-        )
-        self.manager.ensure_ready = _timed_ensure_ready(  # type: ignore[method-assign, assignment]
-            self.manager.ensure_ready, metrics
-        )
-
-    async def _on_ready(self, record: ModelRecord) -> None:
-        await super()._on_ready(record)
-        scheduler = record.scheduler
-        if self._shimmed and scheduler is not None and scheduler.on_batch is None:
-            scheduler.on_batch = self.metrics.batch_hook(record.key.name, record.key.version)
-
-    def extra_routes(self) -> list[Any]:
-        routes = super().extra_routes()
-        if self._shimmed:
-            routes += [*metrics_routes(self.metrics), *dashboard_routes(self)]
-        return routes
-
-
-def _timed_infer(
-    infer: Callable[[InferRequest], Awaitable[InferResponse]], app: App, metrics: Metrics
-) -> Callable[[InferRequest], Awaitable[InferResponse]]:
-    async def timed(request: InferRequest) -> InferResponse:
-        started = time.monotonic()
-        try:
-            record = app.manager.resolve(request.model_name, request.model_version)
-        except ServerError as exc:
-            metrics.request_done("", "", exc.code, time.monotonic() - started)
-            raise
-        code: str = OK
-        try:
-            return await infer(request)
-        except ServerError as exc:
-            code = exc.code
-            raise
-        except asyncio.CancelledError:
-            code = ErrorCode.CANCELLED
-            raise
-        finally:
-            metrics.request_done(
-                record.key.name, record.key.version, code, time.monotonic() - started
-            )
-
-    return timed
-
-
-def _timed_ensure_ready(
-    ensure_ready: Callable[..., Awaitable[ModelRecord]], metrics: Metrics
-) -> Callable[..., Awaitable[ModelRecord]]:
-    async def timed(record: ModelRecord, *, deadline: float | None, cold_start: bool = True) -> Any:
-        started = time.monotonic()
-        try:
-            return await ensure_ready(record, deadline=deadline, cold_start=cold_start)
-        finally:
-            if cold_start:
-                waited = time.monotonic() - started
-                metrics.cold_start_wait(record.key.name, record.key.version, waited)
-
-    return timed
-
-
-@pytest.fixture(autouse=True)
-def wired(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Servers started by ``running_server`` get the metrics wiring (see ``_WiredApp``)."""
-    monkeypatch.setattr(tests.servers, "App", _WiredApp)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -7,16 +7,18 @@ model's scheduler, and wraps the outputs. It never touches a worker directly.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import numpy as np
 
 from modelyard import __version__
-from modelyard.errors import InvalidInputError, ModelNotReadyError
+from modelyard.errors import ErrorCode, InvalidInputError, ModelNotReadyError, ServerError
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.states import ModelState
+from modelyard.observability.metrics import OK, Metrics
 from modelyard.protocol.tensors import output_from_array
 from modelyard.protocol.types import InferOutput, InferRequest, InferResponse
 from modelyard.runtimes.base import TensorSpec
@@ -42,8 +44,10 @@ def _shape_matches(spec: tuple[int, ...], shape: tuple[int, ...]) -> bool:
 class DataPlane:
     """Health, metadata, inference and repository verbs, whatever the transport."""
 
-    def __init__(self, manager: ModelManager) -> None:
+    def __init__(self, manager: ModelManager, metrics: Metrics | None = None) -> None:
         self.manager = manager
+        self.metrics = metrics
+        """Counts request outcomes, latencies and cold-start waits (None: not counted)."""
         self.is_serving = False
         """Set by the app once start-up finished; cleared when shutdown starts."""
 
@@ -98,14 +102,43 @@ class DataPlane:
         """Validate, route (hot-loading if needed), schedule, run, and wrap one request."""
         if not self.is_serving:
             raise ModelNotReadyError("server is not ready (starting or shutting down)")
+        started = time.monotonic()
+        metrics = self.metrics
+        try:
+            record = self.manager.resolve(request.model_name, request.model_version)
+        except ServerError as exc:
+            if metrics is not None:  # no model label: the name is the client's, unbounded
+                metrics.request_done("", "", exc.code, time.monotonic() - started)
+            raise
+        if metrics is None:
+            return await self._infer(record, request, started)
+        code: str = OK
+        try:
+            return await self._infer(record, request, started)
+        except ServerError as exc:
+            code = exc.code
+            raise
+        except asyncio.CancelledError:
+            code = ErrorCode.CANCELLED
+            raise
+        except Exception:
+            code = ErrorCode.INTERNAL
+            raise
+        finally:
+            metrics.request_done(
+                record.key.name, record.key.version, code, time.monotonic() - started
+            )
+
+    async def _infer(
+        self, record: ModelRecord, request: InferRequest, started: float
+    ) -> InferResponse:
         manager = self.manager
-        record = manager.resolve(request.model_name, request.model_version)
         timeout_s = record.config.timeout_s
         if request.timeout_s is not None:
             if request.timeout_s <= 0:
                 raise InvalidInputError("'timeout' must be positive")
             timeout_s = min(timeout_s, request.timeout_s)
-        deadline = time.monotonic() + timeout_s
+        deadline = started + timeout_s
         manager.touch(record)
         # A lease marks the request as wanting this version, so eviction prefers others
         # and waits for it; the loop re-routes a request whose model was evicted (or
@@ -114,7 +147,14 @@ class DataPlane:
         try:
             for attempt in range(_ROUTE_ATTEMPTS):
                 if not record.is_ready:
-                    await manager.ensure_ready(record, deadline=deadline)
+                    waited = time.monotonic()
+                    try:
+                        await manager.ensure_ready(record, deadline=deadline)
+                    finally:
+                        if self.metrics is not None:
+                            self.metrics.cold_start_wait(
+                                record.key.name, record.key.version, time.monotonic() - waited
+                            )
                 info = record.info
                 scheduler = record.scheduler
                 if info is None or scheduler is None or not scheduler.is_accepting:

@@ -1,0 +1,198 @@
+"""Server overhead per request: a tiny identity model over REST vs bare ``session.run``.
+
+Run from the repository root::
+
+    .venv/bin/python bench/bench_overhead.py            # 5 repeats of 4 s per mode
+    .venv/bin/python bench/bench_overhead.py --quick    # 2 repeats of 2 s per mode
+
+One ``modelyard serve`` subprocess serves the same identity ONNX model (FP32 ``[1, 4]``,
+built at run time) twice: ``isolation: process`` (own worker process, shared memory and a
+socket round trip) and ``isolation: inline`` (in the server process). Both keep the
+defaults otherwise (``max_batch_size: 8``, ``max_queue_delay_us: 0``). ``modelyard.bench``
+sends one request at a time (concurrency 1, closed loop, raw HTTP/1.1 keep-alive, JSON).
+
+The baseline is ONNX Runtime's ``session.run`` on the same file and input in this client
+process (same session options as the server: one intra-op and one inter-op thread), timed
+call by call. Overhead = end-to-end median (or p99) − bare median (or p99): it covers the
+client's own HTTP and JSON work, loopback TCP, the server and the worker hop. The three
+modes run back to back per repeat, order rotated; the medians over repeats are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+import _server
+from modelyard.bench import BenchConfig, run_bench
+from modelyard.examples.mlp import build_identity_onnx
+
+TARGET_OVERHEAD_US = 150.0
+MODES = ("bare", "process", "inline")
+
+
+def bare_phase(session: ort.InferenceSession, calls: int) -> dict[str, Any]:
+    """``calls`` timed ``session.run`` calls (after 200 untimed); µs."""
+    x = {"input": np.random.default_rng(0).random((1, 4), dtype=np.float32)}
+    for _ in range(200):
+        session.run(None, x)
+    samples = np.empty(calls, dtype=np.float64)
+    clock = time.perf_counter_ns
+    for i in range(calls):
+        t0 = clock()
+        session.run(None, x)
+        samples[i] = clock() - t0
+    samples /= 1e3
+    p50, p99 = np.percentile(samples, [50, 99]).tolist()
+    return {"p50_us": p50, "p99_us": p99, "mean_us": float(samples.mean()), "calls": calls}
+
+
+def server_phase(server: _server.Server, model: str, duration_s: float) -> dict[str, Any]:
+    config = BenchConfig(
+        url=server.url, models=(model,), concurrency=(1,), duration_s=duration_s, warmup_s=0.5
+    )
+    r = asyncio.run(run_bench(config))[0]
+    return {
+        "p50_us": r.p50_ms * 1e3 if r.p50_ms is not None else None,
+        "p99_us": r.p99_ms * 1e3 if r.p99_ms is not None else None,
+        "mean_us": r.mean_ms * 1e3 if r.mean_ms is not None else None,
+        "qps": r.qps,
+        "requests": r.requests,
+        "errors": r.error_count,
+        "client_cpu_us_per_request": (r.client_cpu_ms_per_request or 0.0) * 1e3,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
+        root = Path(tmp)
+        path = build_identity_onnx(root / "identity" / "1" / "model.onnx")
+        entries = [
+            {"name": f"identity-{iso}", "path": "identity", "isolation": iso, "preload": True}
+            for iso in ("process", "inline")
+        ]
+        cfg = _server.write_config(root, entries)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+        with _server.Server(cfg, root / "server.log") as server:
+            print(f"server pid {server.pid} on {server.url}", file=sys.stderr)
+            for rep in range(args.repeats):
+                shift = rep % len(MODES)
+                for mode in MODES[shift:] + MODES[:shift]:
+                    if mode == "bare":
+                        r = bare_phase(session, args.bare_calls)
+                    else:
+                        r = server_phase(server, f"identity-{mode}", args.duration_s)
+                    runs[mode].append(r)
+                    print(f"  rep {rep + 1} {mode}: p50 {r['p50_us']:.1f} µs, p99 "
+                          f"{r['p99_us']:.1f} µs", file=sys.stderr)
+    return runs
+
+
+def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for mode, reps in runs.items():
+        row: dict[str, Any] = {
+            "p50_us": statistics.median(r["p50_us"] for r in reps),
+            "p99_us": statistics.median(r["p99_us"] for r in reps),
+        }
+        if mode != "bare":
+            row["qps"] = statistics.median(r["qps"] for r in reps)
+            row["errors"] = sum(r["errors"] for r in reps)
+            row["client_cpu_us_per_request"] = statistics.median(
+                r["client_cpu_us_per_request"] for r in reps
+            )
+            bare = runs["bare"]
+            row["overhead_p50_us"] = statistics.median(
+                r["p50_us"] - b["p50_us"] for r, b in zip(reps, bare, strict=True)
+            )
+            row["overhead_p99_us"] = statistics.median(
+                r["p99_us"] - b["p99_us"] for r, b in zip(reps, bare, strict=True)
+            )
+        out[mode] = row
+    return out
+
+
+def report(summary: dict[str, dict[str, Any]]) -> str:
+    header = [
+        "mode",
+        "median (µs)",
+        "p99 (µs)",
+        "overhead median (µs)",
+        "overhead p99 (µs)",
+        "req/s",
+        "client CPU / request (µs)",
+    ]
+    rows = []
+    for mode, s in summary.items():
+        if mode == "bare":
+            rows.append([
+                "bare ORT session.run (in client)", f"{s['p50_us']:.1f}", f"{s['p99_us']:.1f}",
+                "-", "-", "-", "-",
+            ])
+        else:
+            rows.append([
+                f"modelyard REST, isolation: {mode}",
+                f"{s['p50_us']:.1f}",
+                f"{s['p99_us']:.1f}",
+                f"{s['overhead_p50_us']:.1f}",
+                f"{s['overhead_p99_us']:.1f}",
+                f"{s['qps']:.0f}",
+                f"{s['client_cpu_us_per_request']:.0f}",
+            ])
+    return _server.markdown_table(header, rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="2 repeats of 2 s per mode")
+    parser.add_argument("--duration-s", type=float, default=4.0, help="measured s per phase")
+    parser.add_argument("--bare-calls", type=int, default=5000, help="session.run calls per phase")
+    parser.add_argument("--repeats", type=int, default=5, help="repeats (%(default)s)")
+    args = parser.parse_args()
+    if args.quick:
+        args.duration_s, args.repeats, args.bare_calls = 2.0, 2, 2000
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    env = _server.environment()
+    started = time.time()
+    runs = run(args)
+    summary = summarise(runs)
+    print(f"\nconcurrency 1; medians of {args.repeats} repeats; {env}\n")
+    print(report(summary))
+    worst = max(summary[m]["overhead_p50_us"] for m in ("process", "inline"))
+    print(f"\nworst median overhead {worst:.1f} µs (target <= {TARGET_OVERHEAD_US:.0f} µs)")
+    path = _server.write_results(
+        "bench_overhead",
+        {
+            "args": vars(args),
+            "environment": env,
+            "elapsed_s": round(time.time() - started, 1),
+            "summary": summary,
+            "runs": runs,
+        },
+    )
+    print(f"\nwrote {path.relative_to(_server.REPO_ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
