@@ -14,18 +14,27 @@ sends one request at a time (concurrency 1, closed loop, raw HTTP/1.1 keep-alive
 The baseline is ONNX Runtime's ``session.run`` on the same file and input in this client
 process (same session options as the server: one intra-op and one inter-op thread), timed
 call by call. Overhead = end-to-end median (or p99) − bare median (or p99): it covers the
-client's own HTTP and JSON work, loopback TCP, the server and the worker hop. The three
-modes run back to back per repeat, order rotated; the medians over repeats are reported.
+client's own HTTP and JSON work, loopback TCP, the server and the worker hop. A fourth mode,
+**floor**, sends the same requests with the same client to a minimal HTTP/1.1 server (an
+uvloop ``asyncio.Protocol`` in another process that answers every request with a fixed
+v2 response body): what any Python server would cost at the least, so modelyard − floor is
+the part modelyard itself adds. The modes run back to back per repeat, order rotated; the
+medians over repeats are reported.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +46,42 @@ from modelyard.bench import BenchConfig, run_bench
 from modelyard.examples.mlp import build_identity_onnx
 
 TARGET_OVERHEAD_US = 150.0
-MODES = ("bare", "process", "inline")
+MODES = ("bare", "floor", "process", "inline")
+PAYLOAD = {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32",
+                       "data": [0.1234, 0.5678, 0.9012, 0.3456]}]}
+
+# A minimal keep-alive HTTP/1.1 server: the floor any Python server stands on.
+_FLOOR_SERVER = """
+import asyncio, sys
+import uvloop
+BODY = (b'{"model_name":"identity","model_version":"1","outputs":[{"name":"output",'
+        b'"datatype":"FP32","shape":[1,4],"data":[0.1234,0.5678,0.9012,0.3456]}]}')
+RESPONSE = (b"HTTP/1.1 200 OK\\r\\ncontent-type: application/json\\r\\ncontent-length: "
+            + str(len(BODY)).encode() + b"\\r\\n\\r\\n" + BODY)
+class Echo(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport, self.buf = transport, b""
+    def data_received(self, data):
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\\r\\n\\r\\n")
+            if end < 0:
+                return
+            length = 0
+            for line in self.buf[:end].split(b"\\r\\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            if len(self.buf) < end + 4 + length:
+                return
+            self.buf = self.buf[end + 4 + length:]
+            self.transport.write(RESPONSE)
+async def main():
+    server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", int(sys.argv[1]))
+    async with server:
+        await server.serve_forever()
+uvloop.run(main())
+"""
 
 
 def bare_phase(session: ort.InferenceSession, calls: int) -> dict[str, Any]:
@@ -56,9 +100,14 @@ def bare_phase(session: ort.InferenceSession, calls: int) -> dict[str, Any]:
     return {"p50_us": p50, "p99_us": p99, "mean_us": float(samples.mean()), "calls": calls}
 
 
-def server_phase(server: _server.Server, model: str, duration_s: float) -> dict[str, Any]:
+def server_phase(url: str, model: str, payload: Path, duration_s: float) -> dict[str, Any]:
     config = BenchConfig(
-        url=server.url, models=(model,), concurrency=(1,), duration_s=duration_s, warmup_s=0.5
+        url=url,
+        models=(model,),
+        concurrency=(1,),
+        duration_s=duration_s,
+        warmup_s=0.5,
+        payload_files={model: payload},
     )
     r = asyncio.run(run_bench(config))[0]
     return {
@@ -72,6 +121,33 @@ def server_phase(server: _server.Server, model: str, duration_s: float) -> dict[
     }
 
 
+@contextlib.contextmanager
+def floor_server() -> Iterator[str]:
+    """Run the minimal HTTP server in a subprocess; yield its URL."""
+    port = _server.free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FLOOR_SERVER, str(port)], stdin=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the floor server did not start") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
@@ -82,20 +158,27 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
             for iso in ("process", "inline")
         ]
         cfg = _server.write_config(root, entries)
+        payload = root / "payload.json"
+        payload.write_text(json.dumps(PAYLOAD), encoding="utf-8")
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = 1
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
         session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-        with _server.Server(cfg, root / "server.log") as server:
-            print(f"server pid {server.pid} on {server.url}", file=sys.stderr)
+        with _server.Server(cfg, root / "server.log") as server, floor_server() as floor_url:
+            print(f"server pid {server.pid} on {server.url}; floor on {floor_url}",
+                  file=sys.stderr)
             for rep in range(args.repeats):
                 shift = rep % len(MODES)
                 for mode in MODES[shift:] + MODES[:shift]:
                     if mode == "bare":
                         r = bare_phase(session, args.bare_calls)
+                    elif mode == "floor":
+                        r = server_phase(floor_url, "identity", payload, args.duration_s)
                     else:
-                        r = server_phase(server, f"identity-{mode}", args.duration_s)
+                        r = server_phase(
+                            server.url, f"identity-{mode}", payload, args.duration_s
+                        )
                     runs[mode].append(r)
                     print(f"  rep {rep + 1} {mode}: p50 {r['p50_us']:.1f} µs, p99 "
                           f"{r['p99_us']:.1f} µs", file=sys.stderr)
@@ -115,7 +198,11 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
             row["client_cpu_us_per_request"] = statistics.median(
                 r["client_cpu_us_per_request"] for r in reps
             )
-            bare = runs["bare"]
+            bare, floor = runs["bare"], runs["floor"]
+            if mode != "floor":
+                row["above_floor_p50_us"] = statistics.median(
+                    r["p50_us"] - f["p50_us"] for r, f in zip(reps, floor, strict=True)
+                )
             row["overhead_p50_us"] = statistics.median(
                 r["p50_us"] - b["p50_us"] for r, b in zip(reps, bare, strict=True)
             )
@@ -135,23 +222,26 @@ def report(summary: dict[str, dict[str, Any]]) -> str:
         "overhead p99 (µs)",
         "req/s",
         "client CPU / request (µs)",
+        "median above floor (µs)",
     ]
     rows = []
     for mode, s in summary.items():
         if mode == "bare":
             rows.append([
                 "bare ORT session.run (in client)", f"{s['p50_us']:.1f}", f"{s['p99_us']:.1f}",
-                "-", "-", "-", "-",
+                "-", "-", "-", "-", "-",
             ])
         else:
             rows.append([
-                f"modelyard REST, isolation: {mode}",
+                "minimal HTTP server (floor)" if mode == "floor"
+                else f"modelyard REST, isolation: {mode}",
                 f"{s['p50_us']:.1f}",
                 f"{s['p99_us']:.1f}",
                 f"{s['overhead_p50_us']:.1f}",
                 f"{s['overhead_p99_us']:.1f}",
                 f"{s['qps']:.0f}",
                 f"{s['client_cpu_us_per_request']:.0f}",
+                f"{s['above_floor_p50_us']:.1f}" if "above_floor_p50_us" in s else "-",
             ])
     return _server.markdown_table(header, rows)
 

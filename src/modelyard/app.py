@@ -63,6 +63,7 @@ class App:
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self._closing_tasks: set[asyncio.Task[None]] = set()
+        self._started = False
 
     # ------------------------------------------------------------------ composition
 
@@ -107,6 +108,14 @@ class App:
             execute,
             on_batch=self.metrics.batch_hook(record.key.name, record.key.version),
         )
+        key = record.key
+
+        def breaker_changed(old: object, new: object) -> None:
+            message = f"circuit breaker {getattr(old, 'value', old)} → {getattr(new, 'value', new)}"
+            log.warning("model %s: %s", key, message)
+            self.manager.events.add("breaker", key, message)
+
+        scheduler.breaker.on_change = breaker_changed
         await scheduler.start()
         record.scheduler = scheduler
 
@@ -154,6 +163,7 @@ class App:
         await self.manager.start()
         if self.poller is not None:
             self.poller.start()
+        self._started = True
         self.dataplane.is_serving = True
         log.info(
             "modelyard serving %d model(s) on http://%s:%s%s",
@@ -173,6 +183,39 @@ class App:
         self._grpc, self.grpc_port = await start_grpc_server(
             self.dataplane, s.host, s.grpc_port or 0, s.max_request_bytes
         )
+
+    def health_details(self) -> dict[str, Any]:
+        """Why the server and each model are (not) ready: ``GET /v2/health/details``."""
+        factory = self._worker_factory
+        if self.dataplane.is_serving:
+            server_reason = ""
+        elif self._http is None:
+            server_reason = "stopped"
+        else:
+            server_reason = "starting" if not self._started else "shutting down"
+        models = []
+        for record in self.manager.records():
+            scheduler = record.scheduler
+            models.append(
+                {
+                    "name": record.key.name,
+                    "version": record.key.version,
+                    "state": record.state.value,
+                    "ready": record.is_ready,
+                    "reason": record.reason,
+                    "pid": record.info.pid if record.info and record.is_ready else None,
+                    "restarts": record.stats.restarts,
+                    "breaker": scheduler.breaker.state.value if scheduler is not None else None,
+                }
+            )
+        return {
+            "live": True,
+            "ready": self.dataplane.is_serving,
+            "reason": server_reason,
+            "worker_memory_limits": factory.memory_limit_backend if factory else None,
+            "fork_server_alive": factory.fork_server_alive if factory else False,
+            "models": models,
+        }
 
     def extra_routes(self) -> list[Any]:
         """Routes beside the protocol's (metrics, dashboard, admin)."""

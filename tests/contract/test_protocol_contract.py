@@ -7,6 +7,7 @@ the same outputs, or the same error class (HTTP status ⇔ gRPC code).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,9 +178,12 @@ async def transports(model_root: Path, tmp_path: Path) -> AsyncIterator[dict[str
         {"name": "add", "path": "add", "isolation": "inline", "version_policy": {"all": True}},
     ]
     cfg = write_config(tmp_path, models, model_repository=str(model_root))
-    async with running_server(cfg, grpc=True) as (app, client):
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
-            yield {"rest": Rest(client), "grpc": Grpc(pb_grpc.GRPCInferenceServiceStub(channel))}
+    async with contextlib.AsyncExitStack() as stack:
+        app, client = await stack.enter_async_context(running_server(cfg, grpc=True))
+        channel = await stack.enter_async_context(
+            grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}")
+        )
+        yield {"rest": Rest(client), "grpc": Grpc(pb_grpc.GRPCInferenceServiceStub(channel))}
 
 
 Case = Callable[[Transport], Awaitable[object]]

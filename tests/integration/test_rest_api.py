@@ -41,6 +41,12 @@ async def test_health_and_server_metadata(config_file: Path) -> None:
         meta = (await client.get("/v2")).json()
         assert meta["name"] == "modelyard"
         assert "model_repository" in meta["extensions"]
+        details = (await client.get("/v2/health/details")).json()
+        assert details["ready"] is True
+        assert details["worker_memory_limits"] in ("cgroup2", "cgroup1", "rlimit")
+        rows = {(m["name"], m["version"]): m for m in details["models"]}
+        assert rows[("digits-logreg", "1")]["ready"] is True
+        assert rows[("mlp", "1")]["state"] == "UNLOADED"
 
 
 async def test_infer_equals_onnxruntime(config_file: Path, model_root: Path) -> None:

@@ -199,7 +199,8 @@ async def test_poll_mode_refuses_corrupt_version_and_takes_good_one(tmp_path: Pa
         index = (await client.post("/v2/repository/index", json={})).json()
         row = next(r for r in index if r["version"] == "2")
         assert row["state"] == "FAILED"
-        assert "SHA256" in row["reason"] and "manifest expects" in row["reason"]
+        assert "SHA256" in row["reason"]
+        assert "manifest expects" in row["reason"]
         events = (await client.get("/v2/stats")).json()["events"]
         assert any(e["kind"] == "verify_failed" and e["version"] == "2" for e in events)
         # A good version 3 (no manifest: taken once settled) is loaded and switched to.

@@ -168,6 +168,7 @@ class DataPlane:
                 break
         finally:
             record.leases -= 1
+        assert info is not None
         return InferResponse(
             model_name=record.key.name,
             model_version=record.key.version,

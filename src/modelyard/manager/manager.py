@@ -573,6 +573,10 @@ class ModelManager:
                 return
             try:
                 async with record.lock:
+                    # A request may have loaded it meanwhile (ensure_ready → _load holds
+                    # this lock); starting another worker would orphan that one.
+                    if self._closing or record.state is not ModelState.LOADING:
+                        return
                     await self._start_instance(record)
                 self.events.add("restarted", record.key, f"after {attempt + 1} attempt(s)")
                 log.info("restarted %s after %d attempt(s)", record.key, attempt + 1)

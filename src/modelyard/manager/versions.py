@@ -9,6 +9,7 @@ there; it stays loaded for ``rollback_grace_s`` so that a rollback is instant.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Mapping
 
@@ -141,7 +142,10 @@ class VersionController:
                 continue
             task = asyncio.ensure_future(self._unload_after_grace(entry, version))
             self._grace_tasks[key] = task
-            task.add_done_callback(lambda _t, k=key: self._grace_tasks.pop(k, None))
+            task.add_done_callback(functools.partial(self._forget_grace, key))
+
+    def _forget_grace(self, key: tuple[str, str], _task: asyncio.Task[None]) -> None:
+        self._grace_tasks.pop(key, None)
 
     async def _unload_after_grace(self, entry: ModelEntry, version: str) -> None:
         await asyncio.sleep(self.grace_s)

@@ -59,9 +59,11 @@ class TorchRuntime:
         self._device = spec.device
         torch.set_num_threads(spec.intra_op_threads)
         if path.suffix == ".pt2":
-            self._module = torch.export.load(str(path)).module()  # type: ignore[no-untyped-call]
+            self._module = torch.export.load(str(path)).module()
         else:
-            self._module = torch.jit.load(str(path), map_location=spec.device)
+            self._module = torch.jit.load(  # type: ignore[no-untyped-call]  # torch.jit is untyped
+                str(path), map_location=spec.device
+            )
         self._module.eval()
         self._inputs = _parse_specs(spec.options.get("inputs", "input:FP32:-1x-1"))
         self._outputs = _parse_specs(spec.options.get("outputs", "output:FP32:-1x-1"))

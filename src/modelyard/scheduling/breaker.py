@@ -24,7 +24,7 @@ The class is pure and synchronous: time comes from the injected :class:`Clock`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -64,6 +64,8 @@ class CircuitBreaker:
         self._probes_in_flight = 0
         self.times_opened = 0
         """How many times the breaker has opened (for metrics)."""
+        self.on_change: Callable[[BreakerState, BreakerState], None] | None = None
+        """Called with ``(old, new)`` on every explicit transition (for logs and events)."""
 
     @property
     def state(self) -> BreakerState:
@@ -159,6 +161,7 @@ class CircuitBreaker:
             self._transition(BreakerState.OPEN)
 
     def _transition(self, state: BreakerState) -> None:
+        old = self._state
         self._state = state
         self._generation += 1
         self._probes_in_flight = 0
@@ -169,3 +172,5 @@ class CircuitBreaker:
             self.times_opened += 1
         else:
             self._opened_until = None
+        if self.on_change is not None and old is not state:
+            self.on_change(old, state)

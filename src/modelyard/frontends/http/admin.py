@@ -21,6 +21,8 @@ class _HasManager(Protocol):
     manager: ModelManager
     versions: VersionController
 
+    def health_details(self) -> dict[str, Any]: ...
+
 
 async def _optional_json(request: Request) -> dict[str, Any]:
     body = await request.body()
@@ -51,6 +53,10 @@ def admin_routes(app: _HasManager) -> list[BaseRoute]:
     """Stats, pin/unpin, aliases (blue-green switch) and rollback."""
     manager = app.manager
     versions = app.versions
+
+    async def health_details(request: Request) -> Response:
+        details = app.health_details()
+        return json_response(details, 200 if details["ready"] else 503)
 
     async def list_aliases(request: Request) -> Response:
         name = request.path_params["model"]
@@ -88,6 +94,7 @@ def admin_routes(app: _HasManager) -> list[BaseRoute]:
 
     return [
         Route("/v2/stats", _guard(stats), methods=["GET"]),
+        Route("/v2/health/details", _guard(health_details), methods=["GET"]),
         Route("/v2/repository/models/{model}/pin", _guard(pin), methods=["POST"]),
         Route("/v2/repository/models/{model}/unpin", _guard(unpin), methods=["POST"]),
         Route("/v2/repository/models/{model}/aliases", _guard(list_aliases), methods=["GET"]),
