@@ -5,6 +5,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check src tests bench
 .venv/bin/ruff format --check src tests bench
-.venv/bin/mypy src
+.venv/bin/mypy src tests
 if [ -x scripts/check_proto.sh ]; then bash scripts/check_proto.sh; fi
 .venv/bin/python -m pytest "$@"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +14,9 @@ from modelyard.app import App
 from modelyard.config.settings import load_settings
 
 
-def write_config(root: Path, models: list[dict[str, Any]], **server: Any) -> Path:
+def write_config(root: Path, models: Sequence[Any], **server: Any) -> Path:
     """Write ``root/modelyard.yaml`` with ``models`` and server-level fields."""
-    doc: dict[str, Any] = {"model_repository": ".", "models": models}
+    doc: dict[str, Any] = {"model_repository": ".", "models": [dict(m) for m in models]}
     doc.update(server)
     path = root / "modelyard.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")

@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import httpx
@@ -68,7 +68,7 @@ class Outcome:
     outputs: dict[str, Any]
 
 
-class Transport:
+class Transport(Protocol):
     name: str
 
     async def live(self) -> bool: ...
@@ -171,6 +171,10 @@ class Grpc(Transport):
         return {(m.name, m.version, m.state) for m in resp.models}
 
 
+def _stub(channel: grpc.aio.Channel) -> pb_grpc.GRPCInferenceServiceStub:
+    return pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]  # generated
+
+
 @pytest.fixture
 async def transports(model_root: Path, tmp_path: Path) -> AsyncIterator[dict[str, Transport]]:  # noqa: F811
     models = [
@@ -183,7 +187,7 @@ async def transports(model_root: Path, tmp_path: Path) -> AsyncIterator[dict[str
         channel = await stack.enter_async_context(
             grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}")
         )
-        yield {"rest": Rest(client), "grpc": Grpc(pb_grpc.GRPCInferenceServiceStub(channel))}
+        yield {"rest": Rest(client), "grpc": Grpc(_stub(channel))}
 
 
 Case = Callable[[Transport], Awaitable[object]]

@@ -69,7 +69,9 @@ async def test_batched_outputs_equal_unbatched(
             np.testing.assert_allclose(
                 np.array(out["data"]).reshape(exp.shape), exp, rtol=1e-5, atol=1e-6
             )
-        stats = app.manager.resolve(model, None).scheduler.stats()  # type: ignore[union-attr]
+        scheduler = app.manager.resolve(model, None).scheduler
+        assert scheduler is not None
+        stats = scheduler.counters
         assert stats["model_calls"] < len(rows), f"requests were not batched: {stats}"
 
 
