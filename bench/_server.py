@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import httpx
+import psutil
 import yaml
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -186,6 +187,25 @@ class Server:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its live descendants.
+
+    A descendant that exited since the last call drops out, so take differences over
+    spans in which no worker starts or stops.
+    """
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def environment() -> dict[str, Any]:

@@ -100,7 +100,10 @@ def bare_phase(session: ort.InferenceSession, calls: int) -> dict[str, Any]:
     return {"p50_us": p50, "p99_us": p99, "mean_us": float(samples.mean()), "calls": calls}
 
 
-def server_phase(url: str, model: str, payload: Path, duration_s: float) -> dict[str, Any]:
+def server_phase(
+    url: str, pid: int, model: str, payload: Path, duration_s: float
+) -> dict[str, Any]:
+    """One concurrency-1 phase; adds the server's (tree's) CPU per request, warm-up included."""
     config = BenchConfig(
         url=url,
         models=(model,),
@@ -109,8 +112,14 @@ def server_phase(url: str, model: str, payload: Path, duration_s: float) -> dict
         warmup_s=0.5,
         payload_files={model: payload},
     )
+    cpu0 = _server.tree_cpu_s(pid)
+    done0 = time.perf_counter()
     r = asyncio.run(run_bench(config))[0]
+    cpu_s = _server.tree_cpu_s(pid) - cpu0
+    # The phase's requests, warm-up included, estimated from its rate over the whole span.
+    sent = r.qps * (time.perf_counter() - done0)
     return {
+        "server_cpu_us_per_request": cpu_s / sent * 1e6 if sent else None,
         "p50_us": r.p50_ms * 1e3 if r.p50_ms is not None else None,
         "p99_us": r.p99_ms * 1e3 if r.p99_ms is not None else None,
         "mean_us": r.mean_ms * 1e3 if r.mean_ms is not None else None,
@@ -122,8 +131,8 @@ def server_phase(url: str, model: str, payload: Path, duration_s: float) -> dict
 
 
 @contextlib.contextmanager
-def floor_server() -> Iterator[str]:
-    """Run the minimal HTTP server in a subprocess; yield its URL."""
+def floor_server() -> Iterator[tuple[str, int]]:
+    """Run the minimal HTTP server in a subprocess; yield its URL and pid."""
     port = _server.free_port()
     proc = subprocess.Popen(
         [sys.executable, "-c", _FLOOR_SERVER, str(port)], stdin=subprocess.DEVNULL
@@ -138,7 +147,7 @@ def floor_server() -> Iterator[str]:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the floor server did not start") from None
                 time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", proc.pid
     finally:
         proc.terminate()
         try:
@@ -165,7 +174,7 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
         session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-        with _server.Server(cfg, root / "server.log") as server, floor_server() as floor_url:
+        with _server.Server(cfg, root / "server.log") as server, floor_server() as (floor_url, floor_pid):
             print(f"server pid {server.pid} on {server.url}; floor on {floor_url}",
                   file=sys.stderr)
             for rep in range(args.repeats):
@@ -174,10 +183,13 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
                     if mode == "bare":
                         r = bare_phase(session, args.bare_calls)
                     elif mode == "floor":
-                        r = server_phase(floor_url, "identity", payload, args.duration_s)
+                        r = server_phase(
+                            floor_url, floor_pid, "identity", payload, args.duration_s
+                        )
                     else:
                         r = server_phase(
-                            server.url, f"identity-{mode}", payload, args.duration_s
+                            server.url, server.pid, f"identity-{mode}", payload,
+                            args.duration_s,
                         )
                     runs[mode].append(r)
                     print(f"  rep {rep + 1} {mode}: p50 {r['p50_us']:.1f} µs, p99 "
@@ -197,6 +209,9 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
             row["errors"] = sum(r["errors"] for r in reps)
             row["client_cpu_us_per_request"] = statistics.median(
                 r["client_cpu_us_per_request"] for r in reps
+            )
+            row["server_cpu_us_per_request"] = statistics.median(
+                r["server_cpu_us_per_request"] for r in reps
             )
             bare, floor = runs["bare"], runs["floor"]
             if mode != "floor":
@@ -222,6 +237,7 @@ def report(summary: dict[str, dict[str, Any]]) -> str:
         "overhead p99 (µs)",
         "req/s",
         "client CPU / request (µs)",
+        "server CPU / request (µs)",
         "median above floor (µs)",
     ]
     rows = []
@@ -229,7 +245,7 @@ def report(summary: dict[str, dict[str, Any]]) -> str:
         if mode == "bare":
             rows.append([
                 "bare ORT session.run (in client)", f"{s['p50_us']:.1f}", f"{s['p99_us']:.1f}",
-                "-", "-", "-", "-", "-",
+                "-", "-", "-", "-", "-", "-",
             ])
         else:
             rows.append([
@@ -241,6 +257,7 @@ def report(summary: dict[str, dict[str, Any]]) -> str:
                 f"{s['overhead_p99_us']:.1f}",
                 f"{s['qps']:.0f}",
                 f"{s['client_cpu_us_per_request']:.0f}",
+                f"{s['server_cpu_us_per_request']:.0f}",
                 f"{s['above_floor_p50_us']:.1f}" if "above_floor_p50_us" in s else "-",
             ])
     return _server.markdown_table(header, rows)

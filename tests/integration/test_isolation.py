@@ -30,6 +30,8 @@ FAKES = Path(__file__).resolve().parents[1] / "fakes"
 
 RECOVERY_S = 2.0
 """A dead worker's model must serve again within this long."""
+NOTICE_S = 1.0
+"""The server must notice a worker's death within this long (slack for a loaded box)."""
 FAULTY_TIMEOUT_MS = 2000
 HANG_TIMEOUT_MS = 500
 HANG_MARGIN_S = 1.0
@@ -438,7 +440,7 @@ async def test_readiness_tells_the_truth_while_restarting(slow_load_config: Path
 
     # Until the server notices the death (its exit report), it may still say ready.
     first_down = next(i for i, s in enumerate(samples) if s[1] != 200)
-    assert samples[first_down][0] < 0.5, "the death was noticed late"
+    assert samples[first_down][0] < NOTICE_S, "the death was noticed late"
     down = samples[first_down:]
     not_ready = [s for s in down if s[1] != 200]
     # A new worker spends LOAD_S loading: many samples must fall into that window.
@@ -469,7 +471,7 @@ async def test_request_during_restart_is_served_by_the_one_new_worker(
         killed_at = time.monotonic()
         os.kill(old_pid, signal.SIGKILL)
         while (await client.get("/v2/models/slow-load/ready")).status_code == 200:
-            assert time.monotonic() - killed_at < 0.5, "the death was noticed late"
+            assert time.monotonic() - killed_at < NOTICE_S, "the death was noticed late"
         r = await client.post("/v2/models/slow-load/infer", json=_x(0.5))
         assert r.status_code == 200, r.text
         assert r.json()["outputs"][0]["data"] == [0.5]

@@ -35,6 +35,19 @@ class DeviceConfig(BaseModel):
     """Budget in MiB; default: half of the host's (or device's) memory."""
 
 
+class PrefetchConfig(BaseModel):
+    """Predictive preloading from the sequence of requested models (a Markov chain)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    """Load the likely next model into free budget (never evicting anything for it)."""
+    min_probability: float = Field(default=0.6, gt=0, le=1)
+    """Only act on predictions at least this likely."""
+    min_observations: PositiveInt = 10
+    """... and seen at least this many times."""
+
+
 class ServerSettings(BaseSettings):
     """Process-wide settings of one modelyard server."""
 
@@ -68,6 +81,8 @@ class ServerSettings(BaseSettings):
     """How long a version replaced by a switch stays loaded for instant rollback."""
     poll_settle_s: float = Field(default=2.0, ge=0)
     """Poll mode: a version folder without a manifest is taken once unchanged this long."""
+    prefetch: PrefetchConfig = Field(default_factory=PrefetchConfig)
+    """Predictive preloading."""
     devices: list[DeviceConfig] = Field(default_factory=lambda: [DeviceConfig(name="cpu")])
     """Devices and their byte budgets."""
     models: list[ModelConfig] = Field(default_factory=list)

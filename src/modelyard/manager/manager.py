@@ -31,6 +31,7 @@ from modelyard.errors import (
 )
 from modelyard.manager.budget import MemoryBudget
 from modelyard.manager.events import EventLog
+from modelyard.manager.prefetch import MarkovPredictor
 from modelyard.manager.eviction import EvictionPolicy, LruPolicy, select_victims
 from modelyard.manager.records import (
     DEFAULT_ALIAS,
@@ -101,6 +102,7 @@ class ModelManager:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         self._rng = random.Random()
+        self.predictor = MarkovPredictor()
         self._public_keys = [load_public_key(k) for k in settings.manifest_public_keys]
         for cfg in settings.models:
             self.add_model(cfg)
@@ -290,7 +292,9 @@ class ModelManager:
         guess = int(dir_size_bytes(record.path) * _SIZE_GUESS_FACTOR) + _SIZE_GUESS_BASE_BYTES
         return max(declared, measured, guess)
 
-    async def _load(self, record: ModelRecord, deadline: float | None) -> None:
+    async def _load(
+        self, record: ModelRecord, deadline: float | None, *, prefetch: bool = False
+    ) -> None:
         async with record.lock:
             if record.is_ready:
                 return
@@ -315,8 +319,10 @@ class ModelManager:
                 log.warning("%s has no manifest; loading it unverified", record.key)
             need = self.estimate_bytes(record)
             try:
-                await self._admit(record, need, deadline)
+                await self._admit(record, need, deadline, may_evict=not prefetch)
             except ServerError as exc:
+                if prefetch:
+                    return  # a guess that no longer fits is simply dropped
                 self._set_state(record, ModelState.FAILED, str(exc))
                 self.events.add("load_refused", record.key, str(exc))
                 raise
@@ -399,7 +405,7 @@ class ModelManager:
             # Measured more than reserved and the rest does not fit: make room or give up.
             extra = info.footprint_bytes - self.budget.reserved(device, record.key)
             try:
-                await self._admit(record, info.footprint_bytes, None, extra_only=extra)
+                await self._admit(record, info.footprint_bytes, None)
             except ServerError:
                 await instance.stop()
                 record.instance = None
@@ -449,9 +455,12 @@ class ModelManager:
         need: int,
         deadline: float | None,
         *,
-        extra_only: int | None = None,
+        may_evict: bool = True,
     ) -> None:
-        """Reserve ``need`` bytes for ``record``, evicting allowed victims to make room."""
+        """Reserve ``need`` bytes for ``record``, evicting allowed victims to make room.
+
+        With ``may_evict`` False (prefetches) it only takes free room, or refuses.
+        """
         device = record.config.device
         dev = self.budget.device(device)
         if need > dev.budget_bytes:
@@ -470,6 +479,8 @@ class ModelManager:
                 if r.config.device == device
                 and r.state in (ModelState.DRAINING, ModelState.UNLOADING)
             )
+            if not may_evict:
+                raise self._refusal(record, need)
             if leaving < missing:
                 victims = select_victims(self.policy, self._candidates(record), missing - leaving)
                 if victims is None:
@@ -589,9 +600,42 @@ class ModelManager:
     # ----------------------------------------------------------------- views
 
     def touch(self, record: ModelRecord) -> None:
-        """Note a request for LRU and the stats view."""
+        """Note a request for LRU, the stats view and the prefetch predictor."""
         record.stats.last_used = time.monotonic()
         record.stats.requests += 1
+        cfg = self._settings.prefetch
+        if not cfg.enabled:
+            return
+        self.predictor.observe(record.key.name)
+        guess = self.predictor.predict(record.key.name)
+        if (
+            guess is None
+            or guess.probability < cfg.min_probability
+            or guess.observations < cfg.min_observations
+        ):
+            return
+        entry = self.entries.get(guess.model)
+        if entry is None:
+            return
+        try:
+            target = self.resolve(guess.model, None)
+        except ServerError:
+            return
+        if target.state is not ModelState.UNLOADED or (
+            target.load_task is not None and not target.load_task.done()
+        ):
+            return
+        free = self.budget.device(target.config.device).free_bytes
+        if self.estimate_bytes(target) > free:
+            return  # a prefetch never evicts
+        target.stats.prefetches += 1
+        self.events.add(
+            "prefetch",
+            target.key,
+            f"after {record.key.name} (p={guess.probability:.2f} over {guess.observations})",
+        )
+        task = asyncio.ensure_future(self._load(target, None, prefetch=True))
+        target.load_task = task
 
     def model_path(self, name: str) -> Path:
         """Folder of a configured model."""

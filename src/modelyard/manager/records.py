@@ -49,6 +49,8 @@ class ModelStats:
     unloads: int = 0
     evictions: int = 0
     restarts: int = 0
+    prefetches: int = 0
+    """Loads started by the predictor rather than a request."""
     cold_starts: int = 0
     cold_start_s_total: float = 0.0
     last_used: float = 0.0

@@ -35,6 +35,7 @@ def record_stats(record: ModelRecord) -> dict[str, Any]:
         "evictions": s.evictions,
         "restarts": s.restarts,
         "cold_starts": s.cold_starts,
+        "prefetches": s.prefetches,
         "cold_start_s_total": round(s.cold_start_s_total, 6),
         "pending": record.pending,
         "last_load": {
