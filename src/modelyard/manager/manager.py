@@ -31,8 +31,8 @@ from modelyard.errors import (
 )
 from modelyard.manager.budget import MemoryBudget
 from modelyard.manager.events import EventLog
-from modelyard.manager.prefetch import MarkovPredictor
 from modelyard.manager.eviction import EvictionPolicy, LruPolicy, select_victims
+from modelyard.manager.prefetch import MarkovPredictor
 from modelyard.manager.records import (
     DEFAULT_ALIAS,
     AliasRoute,
@@ -403,7 +403,6 @@ class ModelManager:
         device = cfg.device
         if not self.budget.resize(device, record.key, max(info.footprint_bytes, 1)):
             # Measured more than reserved and the rest does not fit: make room or give up.
-            extra = info.footprint_bytes - self.budget.reserved(device, record.key)
             try:
                 await self._admit(record, info.footprint_bytes, None)
             except ServerError:
