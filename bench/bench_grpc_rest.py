@@ -63,7 +63,15 @@ def phase(
         duration_s=duration_s,
         warmup_s=warmup_s,
     )
-    return asyncio.run(run_bench(config))[0].to_dict()
+    cpu0, t0 = _server.tree_cpu_s(server.pid), time.perf_counter()
+    out = asyncio.run(run_bench(config))[0].to_dict()
+    cpu_s, span_s = _server.tree_cpu_s(server.pid) - cpu0, time.perf_counter() - t0
+    # Server tree (server + worker) CPU per request; the phase's request count, warm-up
+    # included, is estimated from its measured rate over the whole span.
+    sent = out["qps"] * span_s
+    out["server_cpu_us_per_request"] = cpu_s / sent * 1e6 if sent else None
+    out["server_cpu_fraction"] = cpu_s / span_s
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,6 +114,9 @@ def summarise(runs: dict[str, dict[int, dict[str, list[dict[str, Any]]]]]) -> li
                 row[f"{name}_p50_ms"] = statistics.median(r["p50_ms"] for r in reps)
                 row[f"{name}_p99_ms"] = statistics.median(r["p99_ms"] for r in reps)
                 row[f"{name}_client_cpu"] = statistics.median(r["client_cpu_fraction"] for r in reps)
+                row[f"{name}_server_cpu_us"] = statistics.median(
+                    r["server_cpu_us_per_request"] for r in reps
+                )
                 row[f"{name}_errors"] = sum(sum(r["errors"].values()) for r in reps)
             row["qps_grpc_over_rest"] = statistics.median(
                 g["qps"] / r["qps"] for g, r in zip(grpc, rest, strict=True)
@@ -128,6 +139,7 @@ def report(rows: list[dict[str, Any]]) -> str:
         "gRPC p50 / p99 (ms)",
         "gRPC / REST p99",
         "client CPU REST / gRPC",
+        "server CPU µs/req REST / gRPC",
         "errors",
     ]
     return _server.markdown_table(
@@ -143,6 +155,7 @@ def report(rows: list[dict[str, Any]]) -> str:
                 f"{r['grpc_p50_ms']:.2f} / {r['grpc_p99_ms']:.2f}",
                 f"{r['p99_grpc_over_rest']:.2f}×",
                 f"{r['rest_client_cpu']:.2f} / {r['grpc_client_cpu']:.2f}",
+                f"{r['rest_server_cpu_us']:.0f} / {r['grpc_server_cpu_us']:.0f}",
                 r["rest_errors"] + r["grpc_errors"],
             ]
             for r in rows

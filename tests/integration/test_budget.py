@@ -141,13 +141,17 @@ async def test_a_victim_with_requests_in_flight_drains_first(
         _check_budget(app)
 
 
-async def test_concurrent_loads_never_over_commit(mlp_root: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["lru", "cost"])
+async def test_concurrent_loads_never_over_commit(
+    mlp_root: Path, tmp_path: Path, policy: str
+) -> None:
     models = [{"name": f"mlp5-{i}", "path": f"mlp5-{i}"} for i in range(6)]
     cfg = write_config(
         tmp_path,
         models,
         model_repository=str(mlp_root),
         devices=[{"name": "cpu", "memory_budget_mb": 48}],
+        eviction_policy=policy,
     )
     async with running_server(cfg) as (app, client):
         stop = asyncio.Event()

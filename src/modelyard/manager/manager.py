@@ -31,7 +31,7 @@ from modelyard.errors import (
 )
 from modelyard.manager.budget import MemoryBudget
 from modelyard.manager.events import EventLog
-from modelyard.manager.eviction import EvictionPolicy, LruPolicy, select_victims
+from modelyard.manager.eviction import EvictionPolicy, make_policy, select_victims
 from modelyard.manager.prefetch import MarkovPredictor
 from modelyard.manager.records import (
     DEFAULT_ALIAS,
@@ -85,7 +85,7 @@ class ModelManager:
     ) -> None:
         self._settings = settings
         self._factory = instance_factory
-        self.policy: EvictionPolicy = policy or LruPolicy()
+        self.policy: EvictionPolicy = policy or make_policy(settings.eviction_policy)
         self.events = events or EventLog()
         self._on_ready = on_ready
         self._on_unloaded = on_unloaded
@@ -512,6 +512,7 @@ class ModelManager:
         if record.state is not ModelState.READY:
             return
         record.stats.evictions += 1
+        self.policy.on_evict(record)
         self.events.add("evicted", record.key, reason)
         log.info("evicting %s: %s", record.key, reason)
         await self._unload(record, reason=f"evicted: {reason}")

@@ -60,3 +60,36 @@ def test_select_victims_takes_the_shortest_prefix_or_none() -> None:
     assert [r.key.name for r in select_victims(LruPolicy(), [b, a], 40) or []] == ["a", "b"]
     assert select_victims(LruPolicy(), [a, b], 0) == []
     assert select_victims(LruPolicy(), [a, b], 61) is None
+
+
+def test_cost_aware_keeps_what_is_expensive_popular_and_small() -> None:
+    from modelyard.manager.eviction import CostAwarePolicy
+
+    cheap = _record("cheap", priority=3, last_used=9, nbytes=10 * 1024 * 1024)
+    cheap.timings.total_s = 0.01
+    costly = _record("costly", priority=3, last_used=1, nbytes=10 * 1024 * 1024)
+    costly.timings.total_s = 2.0
+    policy = CostAwarePolicy()
+    # LRU would evict "costly" (older); cost-aware evicts the cheap-to-reload one.
+    assert [r.key.name for r in policy.order([costly, cheap])] == ["cheap", "costly"]
+    assert [r.key.name for r in LruPolicy().order([costly, cheap])] == ["costly", "cheap"]
+
+
+def test_cost_aware_inflation_ages_out_old_favourites() -> None:
+    from modelyard.manager.eviction import CostAwarePolicy
+
+    policy = CostAwarePolicy()
+    old = _record("old", priority=3, last_used=0, nbytes=1024 * 1024)
+    old.timings.total_s = 0.1
+    old.stats.requests = 50
+    assert policy.value(old) == 5.0
+    for i in range(3):
+        victim = _record(f"v{i}", priority=3, last_used=0, nbytes=1024 * 1024)
+        victim.timings.total_s = 0.1
+        victim.stats.requests = 100
+        policy.on_evict(victim)
+    fresh = _record("fresh", priority=3, last_used=0, nbytes=1024 * 1024)
+    fresh.timings.total_s = 0.1
+    fresh.stats.requests = 1
+    assert policy.inflation == 30.0  # each victim valued at the inflation it met, plus 10
+    assert policy.value(fresh) > policy.value(old), "a newcomer starts above a stale favourite"
