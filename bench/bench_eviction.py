@@ -110,9 +110,8 @@ def main() -> None:
                 totals[name][1] += res["reload_s"] / args.seeds
         for name in ("lru", "cost"):
             ratio = totals[name][1] / totals["lru"][1]
-            print(
-                f"| {label} | {name} | {totals[name][0]:.4f} | {totals[name][1]:.1f} | {ratio:.2f} |"
-            )
+            miss, reload_s = totals[name]
+            print(f"| {label} | {name} | {miss:.4f} | {reload_s:.1f} | {ratio:.2f} |")
             rows.append(
                 {
                     "trace": label,

@@ -45,7 +45,7 @@ _DEFAULT_RELOAD_S = 0.1
 class CostAwarePolicy:
     """Greedy-Dual-Size-Frequency: keep what is expensive to reload, popular and small.
 
-    Each model's value is ``H = L + requests × reload_seconds ÷ size``; the lowest value
+    Each model's value is ``H = L + requests * reload_seconds / size``; the lowest value
     leaves first. ``L`` (the inflation) becomes the value of each evicted model, so
     models that stopped being used age out even if they were popular once. Idle before
     busy and priority classes come first, as in :class:`LruPolicy`.
