@@ -92,12 +92,18 @@ def bare_once(path: Path) -> dict[str, float]:
     return out
 
 
+WORKER_DETAILS: dict[str, Any] = {}
+"""Model name → the worker details ``/v2/stats`` showed after its last load."""
+
+
 def load_once(server: _server.Server, name: str) -> dict[str, float]:
     """Load via the repository API, read the split, unload; seconds."""
     t0 = time.perf_counter()
     server.post(f"/v2/repository/models/{name}/load")
     wall_s = time.perf_counter() - t0
-    last = server.model_stats(name)["last_load"]
+    stats = server.model_stats(name)
+    last = stats["last_load"]
+    WORKER_DETAILS[name] = stats.get("worker", {})
     t1 = time.perf_counter()
     server.post(f"/v2/repository/models/{name}/unload")
     unload_s = time.perf_counter() - t1
@@ -186,7 +192,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "unload_ms": _median(load, "unload_s") * 1e3,
             **{f"{k[:-2]}_ms": _median(load, k) * 1e3 for k in (*_PARTS, "other_s", "server_total_s")},
         }
-    return {"raw": raw, "summary": summary}
+    return {"raw": raw, "summary": summary, "worker_details": WORKER_DETAILS}
 
 
 def report(summary: dict[str, dict[str, float]]) -> str:
@@ -277,6 +283,7 @@ def main() -> None:
             "environment": env,
             "elapsed_s": round(time.time() - started, 1),
             "summary": result["summary"],
+            "worker_details": result["worker_details"],
             "raw": result["raw"],
         },
     )

@@ -36,6 +36,41 @@ from modelyard.examples.mlp import build_identity_onnx, build_mlp_onnx
 
 SCENARIOS = ("rest-inline", "rest-process", "grpc-process", "load-1mb", "load-50mb")
 _PROCESS_FRAME = re.compile(r"^process \d+:")
+_FILE = re.compile(r"\(([^:()]+)(?::\d+)?\)$")
+
+PACKAGES = (
+    ("uvicorn/", "uvicorn"),
+    ("starlette/", "starlette"),
+    ("grpc/", "grpc"),
+    ("google/protobuf", "protobuf"),
+    ("modelyard/frontends/", "modelyard.frontends"),
+    ("modelyard/protocol/", "modelyard.protocol"),
+    ("modelyard/scheduling/", "modelyard.scheduling"),
+    ("modelyard/workers/", "modelyard.workers"),
+    ("modelyard/manager/", "modelyard.manager"),
+    ("modelyard/runtimes/", "modelyard.runtimes"),
+    ("modelyard/observability/", "modelyard.observability"),
+    ("modelyard/", "modelyard (other)"),
+    ("prometheus_client/", "prometheus_client"),
+    ("onnxruntime/", "onnxruntime"),
+    ("numpy/", "numpy"),
+    ("asyncio/", "asyncio"),
+    ("concurrent/futures/", "concurrent.futures"),
+    ("threading.py", "threading"),
+)
+"""Self time is grouped by the package of the leaf frame's file, first match wins."""
+
+
+def package_of(frame: str) -> str:
+    """The :data:`PACKAGES` group of a py-spy frame ``function (path:line)``."""
+    match = _FILE.search(frame)
+    path = match.group(1) if match else frame
+    for fragment, group in PACKAGES:
+        if fragment in path:
+            return group
+    if path.startswith("<") or path.endswith(".py"):
+        return "python stdlib / other"
+    return "native: " + path.rsplit("/", 1)[-1]
 
 
 def _py_spy() -> str:
@@ -73,6 +108,7 @@ def summarise(raw: Path, top: int) -> str:
     self_counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     incl_counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     totals: collections.Counter[str] = collections.Counter()
+    packages: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for line in raw.read_text(errors="replace").splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
@@ -87,11 +123,16 @@ def summarise(raw: Path, top: int) -> str:
         key = process.split('"')[1][:60] if '"' in process else process
         totals[key] += count
         self_counts[key][frames[-1]] += count
+        packages[key][package_of(frames[-1])] += count
         for frame in set(frames):
             incl_counts[key][frame] += count
     out = []
     for key, total in totals.most_common():
         out.append(f"\n## {key}: {total} samples\n")
+        out.append("self% by package of the leaf frame")
+        for group, n in packages[key].most_common():
+            out.append(f"{100 * n / total:5.1f}  {group}")
+        out.append("")
         out.append("self%   function")
         for frame, n in self_counts[key].most_common(top):
             out.append(f"{100 * n / total:5.1f}  {frame}")

@@ -218,7 +218,13 @@ async def test_sigkill_with_requests_in_flight(model_root: Path, tmp_path: Path)
 
         streams = [asyncio.create_task(stream()) for _ in range(STREAMS)]
         slow_tasks = [asyncio.create_task(slow()) for _ in range(IN_FLIGHT)]
-        await _until(lambda: record.in_flight > 0, 2.0, "the slow batch to reach the worker")
+        scheduler = record.scheduler
+        assert scheduler is not None
+        await _until(
+            lambda: record.in_flight > 0 and scheduler.stats()["running_requests"] == IN_FLIGHT,
+            2.0,
+            "the slow requests to reach the worker",
+        )
         killed_at = time.monotonic()
         os.kill(old_pid, signal.SIGKILL)
         seen, back_at = await _watch_restart(client, "faulty", killed_at)

@@ -63,6 +63,13 @@ _FAILED_RETRY_S = 10.0
 _ENSURE_ATTEMPTS = 4
 
 
+def _load_failure(record: ModelRecord) -> str:
+    # Reasons from the worker already say "failed to load"; don't say it twice.
+    if "failed to load" in record.reason:
+        return record.reason
+    return f"model {record.key} failed to load: {record.reason}"
+
+
 def default_budget_bytes() -> int:
     """Half of the host's physical memory."""
     import psutil
@@ -250,10 +257,7 @@ class ModelManager:
             and time.monotonic() - record.state_since < _FAILED_RETRY_S
         ):
             # Don't retry a broken model on every request; an explicit load retries at once.
-            raise ModelLoadError(
-                f"model {record.key} failed to load: {record.reason}",
-                retry_after_s=_FAILED_RETRY_S,
-            )
+            raise ModelLoadError(_load_failure(record), retry_after_s=_FAILED_RETRY_S)
         started = time.monotonic()
         counted = False
         try:
@@ -275,7 +279,7 @@ class ModelManager:
                         f"model {record.key} is still loading; the request's deadline passed"
                     ) from None
                 if record.state is ModelState.FAILED:
-                    raise ModelLoadError(f"model {record.key} failed to load: {record.reason}")
+                    raise ModelLoadError(_load_failure(record))
                 if record.is_ready:
                     return record
                 if self._closing:
@@ -326,7 +330,9 @@ class ModelManager:
                 self._set_state(record, ModelState.FAILED, str(exc))
                 self.events.add("load_refused", record.key, str(exc))
                 raise
-            self._set_state(record, ModelState.LOADING)
+            # Keep a restart's reason ("worker died …") visible while this load runs.
+            restarting = record.state is ModelState.LOADING
+            self._set_state(record, ModelState.LOADING, record.reason if restarting else "")
             record.timings.queue_wait_s = time.monotonic() - t0
             try:
                 await self._start_instance(record)
