@@ -8,7 +8,6 @@ a 500 with its message, and the server keeps serving.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -48,28 +47,35 @@ def json_response(doc: object, status: int = 200) -> Response:
     )
 
 
-async def _wait_disconnect(request: Request) -> None:
+async def _cancel_on_disconnect(request: Request, task: asyncio.Task[Any]) -> None:
     # The body has been read, so the next ASGI message can only be the disconnect.
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
+            task.cancel()
             return
 
 
 async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
-    """Run ``work``, cancelling it (and so removing a queued request) if the client leaves."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    """Await ``work``, cancelling it (so a queued request leaves the queue) if the client goes.
+
+    One watcher task per request; the work runs in the handler's own task, so there is no
+    extra hop on the hot path.
+    """
+    me = asyncio.current_task()
+    assert me is not None
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(request, me))
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if watcher.done() and not watcher.cancelled():
+            me.uncancel()
+            raise RequestCancelledError(
+                "the client disconnected before its answer was ready"
+            ) from None
+        raise
     finally:
         watcher.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ServerError):
-            await task
-        raise RequestCancelledError("the client disconnected before its answer was ready")
-    return task.result()
 
 
 def _guard(handler: Handler) -> Handler:
