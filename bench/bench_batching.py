@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import _server
+
 from modelyard.bench import BenchConfig, BenchResult, run_bench
 from modelyard.examples.minilm import export_minilm_onnx, tokenize
 
@@ -74,7 +75,11 @@ def model_name(config: str, threads: int) -> str:
 
 
 def phase(
-    server: _server.Server, model: str, payload: Path, concurrency: int, duration_s: float,
+    server: _server.Server,
+    model: str,
+    payload: Path,
+    concurrency: int,
+    duration_s: float,
     warmup_s: float,
 ) -> dict[str, Any]:
     """One closed-loop phase; the result plus the mean batch size the scheduler formed."""
@@ -129,8 +134,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for config in CONFIGS:
                     for threads in THREADS:
                         r = phase(
-                            server, model_name(config, threads), payload, concurrency,
-                            args.tune_s, 1.0,
+                            server,
+                            model_name(config, threads),
+                            payload,
+                            concurrency,
+                            args.tune_s,
+                            1.0,
                         )
                         tuning[threads].append(r["qps"])
             scores = {t: _geomean(q) for t, q in tuning.items()}
@@ -145,8 +154,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     shift = rep % len(names)
                     for config in names[shift:] + names[:shift]:
                         r = phase(
-                            server, model_name(config, threads), payload, level,
-                            args.duration_s, args.warmup_s,
+                            server,
+                            model_name(config, threads),
+                            payload,
+                            level,
+                            args.duration_s,
+                            args.warmup_s,
                         )
                         runs[config][level].append(r)
                         print(
@@ -154,8 +167,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             f"p99 {r['p99_ms']} ms, batch {r['mean_batch']}",
                             file=sys.stderr,
                         )
-    return {"threads": threads, "tuning": {str(k): v for k, v in tuning.items()},
-            "tuning_geomean_qps": {str(k): v for k, v in scores.items()}, "runs": runs}
+    return {
+        "threads": threads,
+        "tuning": {str(k): v for k, v in tuning.items()},
+        "tuning_geomean_qps": {str(k): v for k, v in scores.items()},
+        "runs": runs,
+    }
 
 
 def summarise(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
@@ -212,8 +229,8 @@ def report(rows: list[dict[str, Any]]) -> str:
                 f"{r['p50_ms']:.1f}",
                 f"{r['p99_ms']:.1f}",
                 "-" if r["mean_batch"] is None else f"{r['mean_batch']:.1f}",
-                f"{r['qps_vs_off']:.2f}×",
-                "-" if r["p99_vs_off"] is None else f"{r['p99_vs_off']:.2f}×",
+                f"{r['qps_vs_off']:.2f}x",
+                "-" if r["p99_vs_off"] is None else f"{r['p99_vs_off']:.2f}x",
                 r["errors"],
             ]
             for r in ordered

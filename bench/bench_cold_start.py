@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import _server
+
 from modelyard.examples.mlp import MIB, build_identity_onnx, build_mlp_onnx
 
 TARGET_SMALL_MS = 50.0
@@ -131,7 +132,11 @@ def first_infer_once(server: _server.Server, name: str, body: dict[str, Any]) ->
 
 def _infer_body(name: str) -> dict[str, Any]:
     width = 4 if name == "identity" else 64
-    return {"inputs": [{"name": "input", "shape": [1, width], "datatype": "FP32", "data": [0.5] * width}]}
+    return {
+        "inputs": [
+            {"name": "input", "shape": [1, width], "datatype": "FP32", "data": [0.5] * width}
+        ]
+    }
 
 
 def _median(rows: list[dict[str, float]], key: str) -> float:
@@ -190,7 +195,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "ratio_load": load_ms / bare_ms,
             "ratio_first_infer": first_ms / bare_ms,
             "unload_ms": _median(load, "unload_s") * 1e3,
-            **{f"{k[:-2]}_ms": _median(load, k) * 1e3 for k in (*_PARTS, "other_s", "server_total_s")},
+            **{
+                f"{k[:-2]}_ms": _median(load, k) * 1e3
+                for k in (*_PARTS, "other_s", "server_total_s")
+            },
         }
     return {"raw": raw, "summary": summary, "worker_details": WORKER_DETAILS}
 
@@ -212,8 +220,8 @@ def report(summary: dict[str, dict[str, float]]) -> str:
             f"{s['load_ms']:.1f}",
             f"{s['first_infer_ms']:.1f}",
             f"{s['bare_ms']:.1f}",
-            f"{s['ratio_load']:.2f}×",
-            f"{s['ratio_first_infer']:.2f}×",
+            f"{s['ratio_load']:.2f}x",
+            f"{s['ratio_first_infer']:.2f}x",
         ]
         for name, s in summary.items()
     ]

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import _server
+
 from modelyard.bench import BenchConfig, run_bench
 from modelyard.examples.mlp import build_identity_onnx
 from modelyard.examples.sklearn_models import (
@@ -46,13 +47,19 @@ PROTOCOLS = ("rest", "grpc")
 def build_models(root: Path) -> list[str]:
     build_identity_onnx(root / "identity" / "1" / "model.onnx")
     export_sklearn_onnx(
-        train_digits_classifier("logreg"), DIGITS_FEATURES, root / "digits-logreg" / "1" / "model.onnx"
+        train_digits_classifier("logreg"),
+        DIGITS_FEATURES,
+        root / "digits-logreg" / "1" / "model.onnx",
     )
     return ["identity", "digits-logreg"]
 
 
 def phase(
-    server: _server.Server, model: str, protocol: str, concurrency: int, duration_s: float,
+    server: _server.Server,
+    model: str,
+    protocol: str,
+    concurrency: int,
+    duration_s: float,
     warmup_s: float,
 ) -> dict[str, Any]:
     config = BenchConfig(
@@ -85,15 +92,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             m: {c: {p: [] for p in PROTOCOLS} for c in levels} for m in models
         }
         with _server.Server(cfg, root / "server.log", grpc=True) as server:
-            print(f"server pid {server.pid}: {server.url}, grpc {server.grpc_target}",
-                  file=sys.stderr)
+            print(
+                f"server pid {server.pid}: {server.url}, grpc {server.grpc_target}", file=sys.stderr
+            )
             for rep in range(args.repeats):
                 for model in models:
                     for level in levels:
                         order = PROTOCOLS if rep % 2 == 0 else PROTOCOLS[::-1]
                         for protocol in order:
-                            r = phase(server, model, protocol, level, args.duration_s,
-                                      args.warmup_s)
+                            r = phase(
+                                server, model, protocol, level, args.duration_s, args.warmup_s
+                            )
                             runs[model][level][protocol].append(r)
                             print(
                                 f"  rep {rep + 1} {model} c={level} {protocol}: "
@@ -113,7 +122,9 @@ def summarise(runs: dict[str, dict[int, dict[str, list[dict[str, Any]]]]]) -> li
                 row[f"{name}_qps"] = statistics.median(r["qps"] for r in reps)
                 row[f"{name}_p50_ms"] = statistics.median(r["p50_ms"] for r in reps)
                 row[f"{name}_p99_ms"] = statistics.median(r["p99_ms"] for r in reps)
-                row[f"{name}_client_cpu"] = statistics.median(r["client_cpu_fraction"] for r in reps)
+                row[f"{name}_client_cpu"] = statistics.median(
+                    r["client_cpu_fraction"] for r in reps
+                )
                 row[f"{name}_server_cpu_us"] = statistics.median(
                     r["server_cpu_us_per_request"] for r in reps
                 )
@@ -150,10 +161,10 @@ def report(rows: list[dict[str, Any]]) -> str:
                 r["concurrency"],
                 f"{r['rest_qps']:.0f}",
                 f"{r['grpc_qps']:.0f}",
-                f"{r['qps_grpc_over_rest']:.2f}×",
+                f"{r['qps_grpc_over_rest']:.2f}x",
                 f"{r['rest_p50_ms']:.2f} / {r['rest_p99_ms']:.2f}",
                 f"{r['grpc_p50_ms']:.2f} / {r['grpc_p99_ms']:.2f}",
-                f"{r['p99_grpc_over_rest']:.2f}×",
+                f"{r['p99_grpc_over_rest']:.2f}x",
                 f"{r['rest_client_cpu']:.2f} / {r['grpc_client_cpu']:.2f}",
                 f"{r['rest_server_cpu_us']:.0f} / {r['grpc_server_cpu_us']:.0f}",
                 r["rest_errors"] + r["grpc_errors"],
@@ -194,9 +205,7 @@ def main() -> None:
             "environment": env,
             "elapsed_s": round(time.time() - started, 1),
             "summary": rows,
-            "runs": {
-                m: {str(c): v for c, v in by_level.items()} for m, by_level in runs.items()
-            },
+            "runs": {m: {str(c): v for c, v in by_level.items()} for m, by_level in runs.items()},
         },
     )
     print(f"\nwrote {path.relative_to(_server.REPO_ROOT)}")

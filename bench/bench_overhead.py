@@ -13,11 +13,11 @@ sends one request at a time (concurrency 1, closed loop, raw HTTP/1.1 keep-alive
 
 The baseline is ONNX Runtime's ``session.run`` on the same file and input in this client
 process (same session options as the server: one intra-op and one inter-op thread), timed
-call by call. Overhead = end-to-end median (or p99) − bare median (or p99): it covers the
+call by call. Overhead = end-to-end median (or p99) - bare median (or p99): it covers the
 client's own HTTP and JSON work, loopback TCP, the server and the worker hop. A fourth mode,
 **floor**, sends the same requests with the same client to a minimal HTTP/1.1 server (an
 uvloop ``asyncio.Protocol`` in another process that answers every request with a fixed
-v2 response body): what any Python server would cost at the least, so modelyard − floor is
+v2 response body): what any Python server would cost at the least, so modelyard - floor is
 the part modelyard itself adds. The modes run back to back per repeat, order rotated; the
 medians over repeats are reported.
 """
@@ -38,17 +38,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _server
 import numpy as np
 import onnxruntime as ort
 
-import _server
 from modelyard.bench import BenchConfig, run_bench
 from modelyard.examples.mlp import build_identity_onnx
 
 TARGET_OVERHEAD_US = 150.0
 MODES = ("bare", "floor", "process", "inline")
-PAYLOAD = {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32",
-                       "data": [0.1234, 0.5678, 0.9012, 0.3456]}]}
+PAYLOAD = {
+    "inputs": [
+        {
+            "name": "input",
+            "shape": [1, 4],
+            "datatype": "FP32",
+            "data": [0.1234, 0.5678, 0.9012, 0.3456],
+        }
+    ]
+}
 
 # A minimal keep-alive HTTP/1.1 server: the floor any Python server stands on.
 _FLOOR_SERVER = """
@@ -173,27 +181,35 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
         opts.intra_op_num_threads = 1
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
-        session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-        with _server.Server(cfg, root / "server.log") as server, floor_server() as (floor_url, floor_pid):
-            print(f"server pid {server.pid} on {server.url}; floor on {floor_url}",
-                  file=sys.stderr)
+        session = ort.InferenceSession(
+            str(path), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
+        with (
+            _server.Server(cfg, root / "server.log") as server,
+            floor_server() as (floor_url, floor_pid),
+        ):
+            print(f"server pid {server.pid} on {server.url}; floor on {floor_url}", file=sys.stderr)
             for rep in range(args.repeats):
                 shift = rep % len(MODES)
                 for mode in MODES[shift:] + MODES[:shift]:
                     if mode == "bare":
                         r = bare_phase(session, args.bare_calls)
                     elif mode == "floor":
-                        r = server_phase(
-                            floor_url, floor_pid, "identity", payload, args.duration_s
-                        )
+                        r = server_phase(floor_url, floor_pid, "identity", payload, args.duration_s)
                     else:
                         r = server_phase(
-                            server.url, server.pid, f"identity-{mode}", payload,
+                            server.url,
+                            server.pid,
+                            f"identity-{mode}",
+                            payload,
                             args.duration_s,
                         )
                     runs[mode].append(r)
-                    print(f"  rep {rep + 1} {mode}: p50 {r['p50_us']:.1f} µs, p99 "
-                          f"{r['p99_us']:.1f} µs", file=sys.stderr)
+                    print(
+                        f"  rep {rep + 1} {mode}: p50 {r['p50_us']:.1f} µs, p99 "
+                        f"{r['p99_us']:.1f} µs",
+                        file=sys.stderr,
+                    )
     return runs
 
 
@@ -243,23 +259,35 @@ def report(summary: dict[str, dict[str, Any]]) -> str:
     rows = []
     for mode, s in summary.items():
         if mode == "bare":
-            rows.append([
-                "bare ORT session.run (in client)", f"{s['p50_us']:.1f}", f"{s['p99_us']:.1f}",
-                "-", "-", "-", "-", "-", "-",
-            ])
+            rows.append(
+                [
+                    "bare ORT session.run (in client)",
+                    f"{s['p50_us']:.1f}",
+                    f"{s['p99_us']:.1f}",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                ]
+            )
         else:
-            rows.append([
-                "minimal HTTP server (floor)" if mode == "floor"
-                else f"modelyard REST, isolation: {mode}",
-                f"{s['p50_us']:.1f}",
-                f"{s['p99_us']:.1f}",
-                f"{s['overhead_p50_us']:.1f}",
-                f"{s['overhead_p99_us']:.1f}",
-                f"{s['qps']:.0f}",
-                f"{s['client_cpu_us_per_request']:.0f}",
-                f"{s['server_cpu_us_per_request']:.0f}",
-                f"{s['above_floor_p50_us']:.1f}" if "above_floor_p50_us" in s else "-",
-            ])
+            rows.append(
+                [
+                    "minimal HTTP server (floor)"
+                    if mode == "floor"
+                    else f"modelyard REST, isolation: {mode}",
+                    f"{s['p50_us']:.1f}",
+                    f"{s['p99_us']:.1f}",
+                    f"{s['overhead_p50_us']:.1f}",
+                    f"{s['overhead_p99_us']:.1f}",
+                    f"{s['qps']:.0f}",
+                    f"{s['client_cpu_us_per_request']:.0f}",
+                    f"{s['server_cpu_us_per_request']:.0f}",
+                    f"{s['above_floor_p50_us']:.1f}" if "above_floor_p50_us" in s else "-",
+                ]
+            )
     return _server.markdown_table(header, rows)
 
 

@@ -9,11 +9,13 @@ Run from the repository root (needs ``.venv/bin/pip install py-spy`` and ptrace 
     .venv/bin/python bench/profile_server.py load-50mb        # load/unload loop, 50 MB MLP
 
 It starts the server as the benchmarks do, runs the load for ``--duration-s`` while
-``py-spy record --format raw`` samples the server (and, with ``--subprocesses``, its
-workers; by default only the thread holding the GIL, i.e. Python CPU time), then prints the functions with the most samples: *self* (the leaf frame) and
-*inclusive* (anywhere on the stack), per process. The raw stacks are written to
-``bench/results/profile-<scenario>.txt`` for flame-graph tools (``flamegraph.pl``,
-speedscope). Sampling slows the server a little; read shares, not absolute times.
+``py-spy record --format raw --subprocesses`` samples the server and its workers (by
+default only the thread holding the GIL, i.e. where Python CPU time goes), then prints, for
+the server and the workers apart: self time by package of the leaf frame, and the
+functions with the most samples, *self* (leaf frame) and *inclusive* (anywhere on the
+stack). The raw stacks are written to ``bench/results/profile-<scenario>.txt`` for
+flame-graph tools (``flamegraph.pl``, speedscope). Sampling slows the server a little:
+read shares, not absolute times.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import time
 from pathlib import Path
 
 import _server
+
 from modelyard.bench import BenchConfig, run_bench
 from modelyard.examples.mlp import build_identity_onnx, build_mlp_onnx
 
@@ -114,13 +117,18 @@ def summarise(raw: Path, top: int) -> str:
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
-        frames = stack.split(";")
-        process = frames[0] if _PROCESS_FRAME.match(frames[0]) else "process"
         # Drop the process and thread frames py-spy adds at the root.
-        frames = [f for f in frames if not _PROCESS_FRAME.match(f) and not f.startswith("thread ")]
+        frames = [
+            f
+            for f in stack.split(";")
+            if not _PROCESS_FRAME.match(f) and not f.startswith("thread ")
+        ]
         if not frames:
             continue
-        key = process.split('"')[1][:60] if '"' in process else process
+        # NOTE: py-spy may label a fork server's children with the server's pid, so tell
+        # worker stacks apart by their frames.
+        is_worker = any("workers/forkserver.py" in f or "workers/main.py" in f for f in frames)
+        key = "worker processes" if is_worker else "server process"
         totals[key] += count
         self_counts[key][frames[-1]] += count
         packages[key][package_of(frames[-1])] += count
@@ -176,9 +184,19 @@ def main() -> None:
         grpc = args.scenario.startswith("grpc")
         with _server.Server(cfg, root / "server.log", grpc=grpc) as server:
             command = [
-                py_spy, "record", "--pid", str(server.pid), "--format", "raw",
-                "--rate", str(args.rate), "--duration", str(int(args.duration_s + 1)),
-                "--output", str(out), "--subprocesses",
+                py_spy,
+                "record",
+                "--pid",
+                str(server.pid),
+                "--format",
+                "raw",
+                "--rate",
+                str(args.rate),
+                "--duration",
+                str(int(args.duration_s + 1)),
+                "--output",
+                str(out),
+                "--subprocesses",
             ]
             if args.native:
                 command.append("--native")
@@ -197,8 +215,10 @@ def main() -> None:
             _, err = spy.communicate(timeout=60)
             if spy.returncode != 0:
                 print(err.decode(errors="replace"), file=sys.stderr)
-    print(f"{args.scenario}: {done[0] if done else 0} requests or load cycles in "
-          f"{args.duration_s:g} s; raw stacks in {out.relative_to(_server.REPO_ROOT)}")
+    print(
+        f"{args.scenario}: {done[0] if done else 0} requests or load cycles in "
+        f"{args.duration_s:g} s; raw stacks in {out.relative_to(_server.REPO_ROOT)}"
+    )
     print(summarise(out, args.top))
 
 
