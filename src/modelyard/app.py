@@ -152,6 +152,11 @@ class App:
             log_level="warning",
             access_log=False,
             timeout_keep_alive=30,
+            # No proxy-header rewriting, Server or Date headers: work per response that
+            # no inference client needs.
+            proxy_headers=False,
+            server_header=False,
+            date_header=False,
         )
         self._http = uvicorn.Server(config)
         # NOTE: in the main thread uvicorn captures SIGINT/SIGTERM while it serves and

