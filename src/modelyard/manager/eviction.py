@@ -66,9 +66,7 @@ class CostAwarePolicy:
 
     def order(self, candidates: Sequence[ModelRecord]) -> list[ModelRecord]:
         """Idle before busy, lower importance first, then lowest value first."""
-        return sorted(
-            candidates, key=lambda r: (r.pending > 0, -r.config.priority, self.value(r))
-        )
+        return sorted(candidates, key=lambda r: (r.pending > 0, -r.config.priority, self.value(r)))
 
     def on_evict(self, record: ModelRecord) -> None:
         """Raise the inflation to the victim's value; it starts afresh when reloaded."""

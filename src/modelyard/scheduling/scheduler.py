@@ -61,7 +61,7 @@ from modelyard.errors import (
 )
 from modelyard.scheduling.adaptive import AdaptiveBatchController
 from modelyard.scheduling.batcher import batch_key, row_count, select_batch
-from modelyard.scheduling.breaker import BreakerState, CircuitBreaker
+from modelyard.scheduling.breaker import BreakerState, CircuitBreaker, Permit
 from modelyard.scheduling.config import SchedulerConfig
 from modelyard.scheduling.dispatcher import CallReport, Execute, call_model
 from modelyard.scheduling.request_queue import QueuedRequest, RequestQueue, RequestState
@@ -139,6 +139,14 @@ class ModelScheduler:
             )
         self._slots = asyncio.Semaphore(config.max_concurrency)
         self._wakeup = asyncio.Event()
+        self._dispatcher_idle = False
+        """True while the dispatcher waits for work with nothing queued."""
+        self._direct = 0
+        """Requests running on the direct path (see ``_run_direct``)."""
+        self._direct_idle = asyncio.Event()
+        self._direct_idle.set()
+        self._direct_tasks: dict[asyncio.Task[object], bool] = {}
+        """Submitter tasks on the direct path → whether ``close()`` cancelled them."""
         self._state = _Lifecycle.NEW
         self._dispatcher: asyncio.Task[None] | None = None
         self._batches: dict[asyncio.Task[None], list[QueuedRequest]] = {}
@@ -173,6 +181,8 @@ class ModelScheduler:
             await asyncio.wait([self._dispatcher])
         while self._batches:
             await asyncio.wait(list(self._batches))
+        while self._direct:
+            await self._direct_idle.wait()
 
     async def close(self) -> None:
         """Fail queued and running requests with ``ModelNotReadyError``; stop every task."""
@@ -186,9 +196,15 @@ class ModelScheduler:
             tasks.append(self._dispatcher)
         for task in tasks:
             task.cancel()
+        for submitter in self._direct_tasks:
+            # The submitter turns this cancellation into ModelNotReadyError.
+            self._direct_tasks[submitter] = True
+            submitter.cancel()
         # Batch tasks answer their requests in their done callbacks, which run before
         # gather returns (they were registered first), even for a task that never started.
         await asyncio.gather(*tasks, return_exceptions=True)
+        while self._direct:
+            await self._direct_idle.wait()
 
     # ---------------------------------------------------------------- requests
 
@@ -228,6 +244,8 @@ class ModelScheduler:
         if permit is None:
             self._counts["rejected_circuit"] += 1
             raise self._circuit_open_error()
+        if self._can_run_direct():
+            return await self._run_direct(inputs, level, deadline, now, permit)
         request = QueuedRequest(
             inputs=inputs,
             priority=level,
@@ -270,6 +288,11 @@ class ModelScheduler:
         return outputs
 
     # ---------------------------------------------------------------- inspection
+
+    @property
+    def is_idle(self) -> bool:
+        """True when nothing is queued or running and the dispatcher waits for work."""
+        return self._dispatcher_idle and not self._direct and not self._batches
 
     @property
     def is_accepting(self) -> bool:
@@ -324,7 +347,7 @@ class ModelScheduler:
 
     @property
     def _running_requests(self) -> int:
-        return sum(len(requests) for requests in self._batches.values())
+        return sum(len(requests) for requests in self._batches.values()) + self._direct
 
     def _limits(self) -> tuple[int, float]:
         if self._adaptive is not None:
@@ -366,11 +389,16 @@ class ModelScheduler:
             )
             for request in dropped:
                 self._expire_queued(request)
-            if selection is None:
-                if self._state is not _Lifecycle.RUNNING:
+            if selection is None or self._direct:
+                if selection is None and self._state is not _Lifecycle.RUNNING:
                     return None
+                # Nothing to do, or a direct call holds the model: wait to be woken.
+                self._dispatcher_idle = selection is None
                 self._wakeup.clear()
-                await self._wakeup.wait()
+                try:
+                    await self._wakeup.wait()
+                finally:
+                    self._dispatcher_idle = False
                 continue
             due = min(r.arrival for r in selection.entries) + delay_s
             if selection.is_ready or now >= due or self._state is not _Lifecycle.RUNNING:
@@ -404,6 +432,82 @@ class ModelScheduler:
                 self._queue.remove(request)
                 request.state = RequestState.DONE
                 self._fail(request, self._circuit_open_error(), "circuit_open")
+
+    def _can_run_direct(self) -> bool:
+        """True when a request may skip the queue: the model is idle and nothing waits.
+
+        On an idle model the queue and dispatcher add two event-loop hops and a task per
+        request and gain nothing (there is no one to batch with, and no batching delay
+        to wait for company). Only with one call
+        in flight at a time, no adaptive controller and a closed breaker, so that what
+        the dispatcher guarantees (one call at a time, breaker probes) still holds.
+        """
+        return (
+            self._dispatcher_idle
+            and not self._direct
+            and not self._batches
+            and not self._queue
+            and self.config.max_concurrency == 1
+            and self._adaptive is None
+            and (not self.config.is_batching or self.config.max_queue_delay_s == 0)
+            and self._breaker.state is BreakerState.CLOSED
+        )
+
+    async def _run_direct(
+        self,
+        inputs: dict[str, np.ndarray],
+        priority: int,
+        deadline: float,
+        now: float,
+        permit: Permit,
+    ) -> dict[str, np.ndarray]:
+        """Call the model in the submitter's own task (see :meth:`_can_run_direct`)."""
+        request = QueuedRequest(
+            inputs=inputs,
+            priority=priority,
+            deadline=deadline,
+            arrival=now,
+            seq=next(self._seq),
+            rows=row_count(inputs),
+            batch_key=None,
+            future=asyncio.get_running_loop().create_future(),
+            permit=permit,
+            state=RequestState.RUNNING,
+        )
+        self._counts["accepted"] += 1
+        self._direct += 1
+        self._direct_idle.clear()
+        me = asyncio.current_task()
+        assert me is not None
+        self._direct_tasks[me] = False
+        try:
+            report = await call_model(self.name, self._execute, self._clock, [request])
+        except asyncio.CancelledError:
+            self._breaker.release([permit])
+            if self._direct_tasks.get(me):
+                me.uncancel()
+                self._counts["failed"] += 1
+                raise self._not_ready_error("closed") from None
+            self._counts["cancelled"] += 1
+            raise
+        finally:
+            del self._direct_tasks[me]
+            self._direct -= 1
+            if not self._direct:
+                self._direct_idle.set()
+            request.state = RequestState.DONE
+            if self._queue:
+                self._wakeup.set()  # what arrived meanwhile waits for the dispatcher
+        self._counts["model_calls"] += 1
+        self._after_call(report)
+        if report.error is not None:
+            self._counts["failed"] += 1
+            raise _copy_error(report.error)
+        if request.deadline <= report.ended:
+            self._counts["expired_running"] += 1
+            raise self._deadline_error(request, was_run=True)
+        self._counts["succeeded"] += 1
+        return report.outputs[0]
 
     async def _run_batch(self, batch: list[QueuedRequest]) -> None:
         """Call the model for ``batch``; answer each request, feed breaker and metrics."""

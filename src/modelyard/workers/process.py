@@ -320,8 +320,8 @@ class ProcessInstance:
         if isinstance(reply, _Expired):
             await self._kill_and_wait(f"killed after overrunning its deadline ({timeout_s:.3f}s)")
             raise DeadlineExceededError(
-                f"model {self._name!r} did not answer within {timeout_s:.3f}s; "
-                "its worker was killed"
+                f"model {self._name!r} did not answer within {timeout_s:.3f}s, the request's "
+                "deadline; its worker was killed and is being restarted"
             )
         return reply
 

@@ -404,7 +404,7 @@ async def test_half_open_lets_only_the_probes_through(make_scheduler: MakeSchedu
     model.fail_with = None
     model.hold()
     probe = submit(scheduler, 1, deadline=far(clock))
-    await settle(lambda: len(model.calls) == 3)
+    await settle(lambda: len(model.calls) == 2)
     with pytest.raises(CircuitOpenError, match="half-open"):
         await submit(scheduler, 2, deadline=far(clock))
     model.release()
@@ -538,15 +538,43 @@ async def test_a_foreign_exception_becomes_internal_error(make_scheduler: MakeSc
 
 async def test_cancelled_while_running_drops_the_result(make_scheduler: MakeScheduler) -> None:
     scheduler, model, first = await blocked(make_scheduler)
-    first.cancel()
+    second = submit(scheduler, 1)  # queued behind the first: it will run from the dispatcher
+    await settle(lambda: queued(scheduler, 1))
+    model.release()
+    await first
+    model.hold()
+    await settle(lambda: len(model.calls) == 2)
+    second.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await first
+        await second
     assert scheduler.pending == 1  # the call goes on; the worker layer owns it
     model.release()
     await settle(lambda: scheduler.pending == 0)
     stats = scheduler.stats()
     assert stats["cancelled"] == 1
-    assert stats["succeeded"] == 0
+    assert stats["succeeded"] == 1
+
+
+async def test_an_idle_model_runs_a_request_in_the_submitters_task(
+    make_scheduler: MakeScheduler,
+) -> None:
+    scheduler, model = await started(make_scheduler)
+    await settle(lambda: scheduler.is_idle)
+    submitter = asyncio.current_task()
+    seen: list[object] = []
+    model.on_call = lambda: seen.append(asyncio.current_task())
+    out = await scheduler.submit({"x": tensor(5)}, priority=None, deadline=far())
+    assert_outputs_equal(out, reference_model({"x": tensor(5)}))
+    assert seen == [submitter], "no dispatcher hop and no batch task on an idle model"
+    # A cancelled submitter on that path cancels its own call.
+    model.hold()
+    task = submit(scheduler, 6)
+    await settle(lambda: len(model.calls) == 2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert scheduler.pending == 0
+    assert scheduler.stats()["cancelled"] == 1
 
 
 async def test_every_request_gets_exactly_one_answer(make_scheduler: MakeScheduler) -> None:
