@@ -37,6 +37,8 @@ from modelyard.protocol.types import InferInput, InferRequest
 log = logging.getLogger("modelyard.http")
 
 Handler = Callable[[Request], Awaitable[Response]]
+_WATCH_AFTER_S = 0.002
+"""A request still unanswered after this long is watched for its client disconnecting."""
 T = TypeVar("T")
 JSON = {"content-type": "application/json"}
 
@@ -60,23 +62,32 @@ async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any]) -> No
 async def _unless_disconnected(receive: Receive, work: Coroutine[Any, Any, T]) -> T:
     """Await ``work``, cancelling it (so a queued request leaves the queue) if the client goes.
 
-    One watcher task per request; the work runs in the handler's own task, so there is no
-    extra hop on the hot path.
+    The work runs in the handler's own task. Watching for the disconnect costs a task,
+    so it starts only once the request has taken ``_WATCH_AFTER_S``: quick answers (most
+    of them) pay for a timer handle instead, and a request that waits is still watched.
     """
     me = asyncio.current_task()
     assert me is not None
-    watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, me))
+    loop = asyncio.get_running_loop()
+    watcher: list[asyncio.Task[None]] = []
+
+    def watch() -> None:
+        watcher.append(loop.create_task(_cancel_on_disconnect(receive, me)))
+
+    timer = loop.call_later(_WATCH_AFTER_S, watch)
     try:
         return await work
     except asyncio.CancelledError:
-        if watcher.done() and not watcher.cancelled():
+        if watcher and watcher[0].done() and not watcher[0].cancelled():
             me.uncancel()
             raise RequestCancelledError(
                 "the client disconnected before its answer was ready"
             ) from None
         raise
     finally:
-        watcher.cancel()
+        timer.cancel()
+        if watcher:
+            watcher[0].cancel()
 
 
 def _infer_headers(header_len: int | None) -> dict[str, str]:
