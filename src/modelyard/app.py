@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
@@ -37,6 +38,19 @@ log = logging.getLogger("modelyard")
 # The request path allocates short-lived objects by the thousand; a larger young
 # generation keeps collections rare without letting garbage pile up.
 _GC_GEN0_THRESHOLD = 20_000
+
+
+class StartupError(RuntimeError):
+    """The server could not start (a port could not be bound, …)."""
+
+
+async def _serve_http(server: uvicorn.Server) -> None:
+    # uvicorn reports a failed bind with sys.exit(); a SystemExit escaping a task would
+    # stop the whole event loop, so it becomes an ordinary error here.
+    try:
+        await server.serve()
+    except SystemExit as exc:
+        raise StartupError(f"the HTTP server exited during start-up ({exc.code})") from None
 
 
 class App:
@@ -161,11 +175,17 @@ class App:
         self._http = uvicorn.Server(config)
         # NOTE: in the main thread uvicorn captures SIGINT/SIGTERM while it serves and
         # re-raises them when it exits, which then reaches run_forever's handler.
-        self._http_task = asyncio.create_task(self._http.serve())
+        self._http_task = asyncio.create_task(_serve_http(self._http))
         while not self._http.started:
             if self._http_task.done():
-                self._http_task.result()
-                raise RuntimeError("HTTP server stopped during start-up")
+                with contextlib.suppress(StartupError):
+                    self._http_task.result()
+                self._http = None
+                await self._worker_factory.close()
+                self._worker_factory = None
+                raise StartupError(
+                    f"cannot serve HTTP on {s.host}:{s.http_port} (address in use or not allowed?)"
+                )
             await asyncio.sleep(0.01)
         self.http_port = self._http.servers[0].sockets[0].getsockname()[1]
         if s.grpc_port is not None:

@@ -34,7 +34,13 @@ def _serve(args: argparse.Namespace) -> int:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(App(settings).run_forever())
+    from modelyard.app import StartupError
+
+    try:
+        asyncio.run(App(settings).run_forever())
+    except StartupError as exc:
+        print(f"modelyard: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

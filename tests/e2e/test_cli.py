@@ -139,3 +139,26 @@ def test_manifest_and_keygen_commands(tmp_path: Path) -> None:
     assert out.stdout.count("modelyard-manifest.json") == 2
     public = load_public_key(str(tmp_path / "signing.pub.pem"))
     assert verify_manifest(tmp_path / "m" / "2", public_keys=[public], require=True)
+
+
+def test_a_port_in_use_is_a_clear_error(example_repo: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            _modelyard(
+                "serve",
+                "--config",
+                str(example_repo / "modelyard.yaml"),
+                "--http-port",
+                str(port),
+                "--grpc-port",
+                str(_free_port()),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 1
+    assert f"cannot serve HTTP on 127.0.0.1:{port}" in out.stderr
