@@ -8,13 +8,17 @@ latency objective with additive-increase / multiplicative-decrease. This control
 
 After every batch:
 
-* **over the SLO** (p99 of the window above ``slo_s``): the cap and the delay are halved
-  and the window is emptied, so the next decision rests on fresh evidence;
-* **under the SLO**: the cap grows by ``increase_step`` when it was binding (the batch
-  reached it) and the compute latency known or extrapolated for the larger size still
-  fits the SLO; the delay grows by one step (``max_delay_s / delay_steps``) when the batch
-  found company but not enough to fill the cap, and shrinks by one step when a lone
-  request waited and none came, so an idle model does not wait for nobody.
+* **the batch itself too slow** (its compute plus the delay above ``slo_s``): the cap
+  and the delay are halved (multiplicative decrease), and the window is emptied;
+* **the SLO missed in the queue** (p99 of the window above ``slo_s`` while the batch's
+  compute fits): the server is overloaded, and smaller batches would only lower
+  throughput and lengthen the queue, so the delay drops to zero (a full queue provides
+  company) and the cap keeps growing as below;
+* **the cap grows** by ``increase_step`` (additive increase) when it was binding (the
+  batch reached it) and the compute known or extrapolated for the larger size still fits;
+* **the delay** grows by one step (``max_delay_s / delay_steps``) when the batch found
+  company but not enough to fill the cap and p99 has headroom (under half the SLO), and
+  shrinks by one step when a lone request waited for nobody or the headroom is gone.
 
 The cap stays in ``[1, max_batch_size]`` and the delay in ``[0, slo_s / 4]``. The class is
 pure and synchronous; the scheduler calls :meth:`observe` and reads the two knobs.
@@ -65,7 +69,9 @@ class AdaptiveBatchController:
         self.increases = 0
         """How many times the cap grew."""
         self.decreases = 0
-        """How many times the SLO was missed and cap and delay were cut."""
+        """How many times a batch's compute missed the SLO and cap and delay were cut."""
+        self.overloads = 0
+        """How many times the SLO was missed in the queue (delay dropped to zero)."""
 
     @property
     def batch_size_cap(self) -> int:
@@ -119,22 +125,35 @@ class AdaptiveBatchController:
             )
         self._latencies.extend(latencies_s)
         p99 = self.p99_s()
-        if p99 is not None and p99 > self.slo_s:
+        cap_before = self._cap
+        # Multiplicative decrease when the batch itself is too slow: its compute plus
+        # the time its oldest request may wait no longer fits the objective.
+        if compute_s + self._delay_s > self.slo_s:
             self._cap = max(1, int(self._cap * self._decrease_factor))
             self._delay_s *= self._decrease_factor
             self._latencies.clear()
             self.decreases += 1
             return
-        cap_before = self._cap
+        overloaded = p99 is not None and p99 > self.slo_s
+        if overloaded:
+            # The objective is missed in the queue, not in the model: smaller batches
+            # would only lower throughput and lengthen the queue. Stop waiting for
+            # company (a full queue provides it) and keep growing batches that still fit.
+            self._delay_s = 0.0
+            self._latencies.clear()
+            self.overloads += 1
         if batch_size >= cap_before and cap_before < self.max_batch_size:
             target = min(self.max_batch_size, self._cap + self._increase_step)
             predicted = self.predicted_compute_s(target)
             if predicted is None or predicted + self._delay_s < self.slo_s:
                 self._cap = target
                 self.increases += 1
+        if overloaded:
+            return
         requests = len(latencies_s)
+        headroom = p99 is not None and p99 < self.slo_s / 2
         if batch_size < cap_before:
-            if requests > 1:
+            if requests > 1 and headroom:
                 self._delay_s = min(self.max_delay_s, self._delay_s + self._delay_step_s)
-            elif requests == 1:
+            elif requests == 1 or not headroom:
                 self._delay_s = max(0.0, self._delay_s - self._delay_step_s)

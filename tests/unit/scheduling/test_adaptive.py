@@ -41,22 +41,31 @@ def test_cap_does_not_grow_when_it_is_not_binding() -> None:
     assert c.batch_size_cap == 4
 
 
-def test_cap_and_delay_halve_above_the_slo() -> None:
+def test_cap_and_delay_halve_when_the_batch_itself_misses_the_slo() -> None:
     c = controller(initial_batch_size=8, initial_delay_s=SLO_S / 4)
-    # Queue wait, not compute, pushed the end-to-end latency over the SLO.
-    c.observe(batch_size=8, compute_s=FAST_S, latencies_s=[SLO_S * 2] * 8)
+    c.observe(batch_size=8, compute_s=SLO_S, latencies_s=[SLO_S * 1.3] * 8)
     assert c.batch_size_cap == 4
     assert c.delay_s == pytest.approx(SLO_S / 8)
     assert c.decreases == 1
-    # The window was emptied, so fast batches grow it again.
+    # Size 8 was measured too slow, so a fast batch of 4 may not grow towards it.
     run_full_batches(c, 1, FAST_S)
-    assert c.batch_size_cap == 5
+    assert c.batch_size_cap == 4
+
+
+def test_a_slo_missed_in_the_queue_keeps_batches_growing_and_stops_waiting() -> None:
+    c = controller(initial_batch_size=8, initial_delay_s=SLO_S / 4, max_batch_size=16)
+    # Queue wait, not compute, pushed the end-to-end latency over the SLO: overload.
+    c.observe(batch_size=8, compute_s=FAST_S, latencies_s=[SLO_S * 2] * 8)
+    assert c.batch_size_cap == 9, "bigger batches raise throughput; smaller ones would not"
+    assert c.delay_s == 0.0
+    assert c.decreases == 0
+    assert c.overloads == 1
 
 
 def test_cap_never_below_one() -> None:
     c = controller()
     for _ in range(3):
-        c.observe(batch_size=1, compute_s=SLO_S, latencies_s=[SLO_S * 3])
+        c.observe(batch_size=1, compute_s=SLO_S * 2, latencies_s=[SLO_S * 3])
     assert c.batch_size_cap == 1
 
 
