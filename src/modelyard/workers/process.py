@@ -146,8 +146,13 @@ class ProcessInstance:
             process_start_s = time.perf_counter() - t0
             if not isinstance(hello, Hello):
                 raise InternalError(f"unexpected first message from the worker: {hello!r}")
-            await self._apply_limit(request.memory_limit_bytes)
-            loaded = await self._load(request, deadline)
+            # Moving a process into a cgroup can take milliseconds; do it while the
+            # worker loads instead of before (the limit is in place within that time).
+            limit = asyncio.ensure_future(self._apply_limit(request.memory_limit_bytes))
+            try:
+                loaded = await self._load(request, deadline)
+            finally:
+                await limit
             t1 = time.perf_counter()
             await self._warm_up(request, loaded, deadline)
             warmup_s = time.perf_counter() - t1
