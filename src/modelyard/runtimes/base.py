@@ -79,6 +79,33 @@ class Runtime(Protocol):
         ...
 
 
+class DeclaredTensors:
+    """The tensor metadata part of a runtime: ``inputs``, ``outputs`` and batching.
+
+    Runtimes fill ``_inputs`` and ``_outputs`` when they load; a model can batch when
+    the first dimension of every tensor is free.
+    """
+
+    def __init__(self) -> None:
+        self._inputs: list[TensorSpec] = []
+        self._outputs: list[TensorSpec] = []
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        """Input tensors the model takes."""
+        return self._inputs
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        """Output tensors the model returns."""
+        return self._outputs
+
+    @property
+    def supports_batching(self) -> bool:
+        """True when every input and output has a dynamic first dimension."""
+        return all(t.shape and t.shape[0] == -1 for t in (*self._inputs, *self._outputs))
+
+
 def find_model_file(version_dir: Path, suffixes: tuple[str, ...]) -> Path:
     """The single model file in ``version_dir`` with one of ``suffixes``.
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from modelyard.runtimes.base import RuntimeSpec, TensorSpec, find_model_file
+from modelyard.runtimes.base import DeclaredTensors, RuntimeSpec, TensorSpec, find_model_file
 
 # ONNX Runtime's type strings to protocol datatypes.
 _ORT_TYPES: dict[str, str] = {
@@ -46,29 +46,13 @@ def _strings(arr: np.ndarray) -> np.ndarray:
     return out
 
 
-class OnnxRuntime:
+class OnnxRuntime(DeclaredTensors):
     """Runs one ``.onnx`` file with an ONNX Runtime ``InferenceSession``."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._session: object | None = None
-        self._inputs: list[TensorSpec] = []
-        self._outputs: list[TensorSpec] = []
         self._output_names: list[str] = []
-
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        """Input tensors of the graph."""
-        return self._inputs
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        """Output tensors of the graph."""
-        return self._outputs
-
-    @property
-    def supports_batching(self) -> bool:
-        """True when every input and output has a dynamic first dimension."""
-        return all(t.shape and t.shape[0] == -1 for t in (*self._inputs, *self._outputs))
 
     def load(self, spec: RuntimeSpec) -> None:
         """Create the session; the model file is ``model.onnx`` or the only ``.onnx``."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from modelyard.runtimes.base import RuntimeSpec, TensorSpec
+from modelyard.runtimes.base import DeclaredTensors, RuntimeSpec, TensorSpec
 
 
 def _as_specs(value: Any, what: str) -> list[TensorSpec]:
@@ -35,24 +35,13 @@ def _as_specs(value: Any, what: str) -> list[TensorSpec]:
     return specs
 
 
-class PythonRuntime:
+class PythonRuntime(DeclaredTensors):
     """Wraps an instance of the user's class."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._model: Any = None
-        self._inputs: list[TensorSpec] = []
-        self._outputs: list[TensorSpec] = []
         self._batching = True
-
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        """As declared by the class."""
-        return self._inputs
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        """As declared by the class."""
-        return self._outputs
 
     @property
     def supports_batching(self) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from modelyard.runtimes.base import RuntimeSpec, TensorSpec, find_model_file
+from modelyard.runtimes.base import DeclaredTensors, RuntimeSpec, TensorSpec, find_model_file
 
 
 def _parse_specs(text: str) -> list[TensorSpec]:
@@ -23,7 +23,7 @@ def _parse_specs(text: str) -> list[TensorSpec]:
     return specs
 
 
-class TorchRuntime:
+class TorchRuntime(DeclaredTensors):
     """Runs a TorchScript or exported program; tensors are named by the config's options.
 
     ``options: {inputs: "x:FP32:-1x4", outputs: "y:FP32:-1x2"}`` names the positional
@@ -31,25 +31,9 @@ class TorchRuntime:
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self._module: Any = None
-        self._inputs: list[TensorSpec] = []
-        self._outputs: list[TensorSpec] = []
         self._device = "cpu"
-
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        """From the ``inputs`` option."""
-        return self._inputs
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        """From the ``outputs`` option."""
-        return self._outputs
-
-    @property
-    def supports_batching(self) -> bool:
-        """True when every tensor has a dynamic first dimension."""
-        return all(t.shape and t.shape[0] == -1 for t in (*self._inputs, *self._outputs))
 
     def load(self, spec: RuntimeSpec) -> None:
         """Load the ``.pt`` (TorchScript) or ``.pt2`` (torch.export) file."""

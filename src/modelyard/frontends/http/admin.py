@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from modelyard.errors import InvalidInputError
 from modelyard.frontends.http.app import _guard, json_response
+from modelyard.frontends.http.codec import json_object
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import DEFAULT_ALIAS
 from modelyard.manager.stats import manager_stats
@@ -25,16 +25,7 @@ class _HasManager(Protocol):
 
 
 async def _optional_json(request: Request) -> dict[str, Any]:
-    body = await request.body()
-    if not body.strip():
-        return {}
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidInputError("request body must be a JSON object")
-    return doc
+    return json_object(await request.body(), allow_empty=True)
 
 
 def _targets(doc: dict[str, Any]) -> dict[str, float]:

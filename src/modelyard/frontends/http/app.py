@@ -29,7 +29,12 @@ from modelyard.errors import (
     ServerError,
 )
 from modelyard.frontends.dataplane import DataPlane
-from modelyard.frontends.http.codec import HEADER_LENGTH, decode_request, encode_response
+from modelyard.frontends.http.codec import (
+    HEADER_LENGTH,
+    decode_request,
+    encode_response,
+    json_object,
+)
 from modelyard.frontends.http.errors import error_response
 from modelyard.protocol.datatypes import numpy_dtype
 from modelyard.protocol.types import InferInput, InferRequest
@@ -137,17 +142,7 @@ class RestApi:
 
     async def _json_body(self, request: Request, *, allow_empty: bool = True) -> dict[str, Any]:
         body = await self._body(request)
-        if not body.strip():
-            if allow_empty:
-                return {}
-            raise InvalidInputError("request body is empty")
-        try:
-            doc = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
-        if not isinstance(doc, dict):
-            raise InvalidInputError("request body must be a JSON object")
-        return doc
+        return json_object(body, allow_empty=allow_empty)
 
     # ------------------------------------------------------------------ health / metadata
 
