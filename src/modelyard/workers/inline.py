@@ -21,6 +21,9 @@ from modelyard.workers.instance import ExitCallback, InstanceInfo, StartRequest
 _ON_LOOP_MAX_S = 0.0005
 """Calls shorter than this (smoothed) run on the event loop instead of a thread."""
 _EWMA_ALPHA = 0.1
+_ON_LOOP_GIVE_UP_S = 0.005
+"""A call on the loop that takes longer than this sends the model back to threads."""
+_ON_LOOP_RUNTIMES = frozenset({"onnx", "sklearn"})
 
 
 class InlineInstance:
@@ -30,6 +33,8 @@ class InlineInstance:
         self._runtime: Runtime | None = None
         self._ewma_s = float("inf")
         """Smoothed duration of one call; starts unknown (thread) until warm-up says."""
+        self._on_loop_allowed = False
+        """Only graph runtimes (fixed cost per call) may run on the loop; user code never."""
 
     @property
     def is_alive(self) -> bool:
@@ -59,6 +64,7 @@ class InlineInstance:
             ) from exc
         t2 = time.perf_counter()
         self._ewma_s = t2 - t1
+        self._on_loop_allowed = request.spec.kind in _ON_LOOP_RUNTIMES
         self._runtime = runtime
         return InstanceInfo(
             inputs=runtime.inputs,
@@ -81,13 +87,17 @@ class InlineInstance:
         runtime = self._runtime
         if runtime is None:
             raise ModelLoadError("model is not loaded")
-        if self._ewma_s < _ON_LOOP_MAX_S:
+        if self._on_loop_allowed and self._ewma_s < _ON_LOOP_MAX_S:
             t0 = time.perf_counter()
             try:
                 outputs = runtime.infer(inputs)
             except Exception as exc:
                 raise classify_runtime_error(exc) from exc
-            self._ewma_s += (time.perf_counter() - t0 - self._ewma_s) * _EWMA_ALPHA
+            took = time.perf_counter() - t0
+            if took > _ON_LOOP_GIVE_UP_S:
+                # Input-dependent cost after all: never block the loop with it again.
+                self._on_loop_allowed = False
+            self._ewma_s += (took - self._ewma_s) * _EWMA_ALPHA
             return outputs
         try:
             async with asyncio.timeout(timeout_s):
