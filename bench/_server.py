@@ -7,6 +7,7 @@ a file in the caller's temporary folder and their tail is shown if the server fa
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -32,6 +33,22 @@ RESULTS_DIR = BENCH_DIR / "results"
 START_TIMEOUT_S = 120.0
 """How long a server may take to answer ready (preloading MiniLM takes a while on 2 cores)."""
 STOP_GRACE_S = 20.0
+
+
+def arg_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The argument parser every bench script starts from (its docstring as help)."""
+    return argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
+def install_uvloop() -> None:
+    """Use uvloop for the client's event loop when it is installed, as the server does."""
+    try:
+        import uvloop
+    except ImportError:
+        return
+    uvloop.install()
 
 
 def free_port() -> int:

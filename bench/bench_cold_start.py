@@ -260,9 +260,7 @@ def report(summary: dict[str, dict[str, float]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = _server.arg_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="1 and 50 MB, 3 repeats")
     parser.add_argument("--sizes-mb", default="1,50,200", help="MLP sizes (%(default)s)")
     parser.add_argument("--repeats", type=int, default=7, help="measured repeats (%(default)s)")

@@ -175,9 +175,7 @@ def report(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = _server.arg_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="2 s per point, 1 repeat")
     parser.add_argument("--concurrency", default="1,32", help="levels (%(default)s)")
     parser.add_argument("--duration-s", type=float, default=5.0, help="measured s per point")
@@ -186,12 +184,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.duration_s, args.warmup_s, args.repeats = 2.0, 0.5, 1
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    _server.install_uvloop()
     env = _server.environment()
     started = time.time()
     runs = run(args)

@@ -292,9 +292,7 @@ def report(summary: dict[str, dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = _server.arg_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="2 repeats of 2 s per mode")
     parser.add_argument("--duration-s", type=float, default=4.0, help="measured s per phase")
     parser.add_argument("--bare-calls", type=int, default=5000, help="session.run calls per phase")
@@ -302,12 +300,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.duration_s, args.repeats, args.bare_calls = 2.0, 2, 2000
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    _server.install_uvloop()
     env = _server.environment()
     started = time.time()
     runs = run(args)
