@@ -7,6 +7,7 @@ import csv
 import importlib.util
 import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,8 +97,12 @@ def test_csv_round_trip(tmp_path: Path) -> None:
     assert load_csv(path) == results
 
 
-@pytest.mark.skipif(HAS_MATPLOTLIB, reason="checks the message shown without matplotlib")
-def test_plot_without_matplotlib_says_how_to_get_it(tmp_path: Path) -> None:
+def test_plot_without_matplotlib_says_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A None entry in sys.modules makes the import fail as if it were not installed.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
     with pytest.raises(EngineUnavailableError, match="pip install matplotlib"):
         write_plot(_results(), tmp_path / "plot.png")
 
