@@ -10,6 +10,7 @@ rewritten each time.
 from __future__ import annotations
 
 import math
+import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from modelyard.examples.minilm import export_minilm_onnx, minilm_available
+from modelyard.examples.minilm import export_minilm_onnx, minilm_available, minilm_model_dir
 from modelyard.examples.mlp import MIB, build_identity_onnx, build_mlp_onnx
 from modelyard.examples.sklearn_models import (
     DIGITS_CLASSIFIERS,
@@ -57,6 +58,7 @@ class _Entry:
     priority: int = 3
     timeout_ms: int = 1000
     isolation: str | None = None
+    python_class: str | None = None
 
 
 def _estimate_memory_mb(version_dir: Path) -> float:
@@ -106,6 +108,8 @@ def _materialise(root: Path, entry: _Entry) -> dict[str, Any]:
     }
     if entry.isolation is not None:
         item["isolation"] = entry.isolation
+    if entry.python_class is not None:
+        item["class"] = entry.python_class
     return item
 
 
@@ -161,7 +165,29 @@ def _example_entries(*, include_minilm: bool, big_mlp_mb: float) -> list[_Entry]
                 timeout_ms=10_000,
             )
         )
+        entries.append(
+            _Entry(
+                name="minilm-text",
+                file=_ONNX_FILE,
+                build=build_text_encoder,
+                runtime="python",
+                preload=False,
+                max_batch_size=16,
+                priority=2,
+                timeout_ms=10_000,
+                python_class="modelyard.examples.text_encoder:TextEncoder",
+            )
+        )
     return entries
+
+
+def build_text_encoder(path: Path) -> Path:
+    """Write the MiniLM graph to ``path`` with the packaged tokenizer beside it, the version
+    folder that :class:`modelyard.examples.text_encoder.TextEncoder` serves (text in,
+    embedding out); return ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(minilm_model_dir() / "tokenizer.json", path.parent / "tokenizer.json")
+    return export_minilm_onnx(path)
 
 
 def build_example_repository(
