@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import orjson
 
 from modelyard import __version__
 from modelyard.errors import ErrorCode, InvalidInputError, ModelNotReadyError, ServerError
@@ -39,6 +41,19 @@ def _shape_matches(spec: tuple[int, ...], shape: tuple[int, ...]) -> bool:
     return len(spec) == len(shape) and all(
         s < 0 or s == d for s, d in zip(spec, shape, strict=True)
     )
+
+
+def _load_config(config: object) -> Mapping[str, Any] | None:
+    if config is None:
+        return None
+    if isinstance(config, str | bytes):
+        try:
+            config = orjson.loads(config)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInputError(f"load parameter 'config' is not valid JSON: {exc}") from None
+    if not isinstance(config, Mapping):
+        raise InvalidInputError("load parameter 'config' must be a JSON object of model fields")
+    return config
 
 
 class DataPlane:
@@ -249,9 +264,14 @@ class DataPlane:
             )
         return rows
 
-    async def load(self, name: str) -> None:
-        """Load the model's default version (repository extension)."""
-        await self.manager.load(name)
+    async def load(self, name: str, config: object = None) -> None:
+        """Load the model's default version (repository extension).
+
+        ``config`` (the load request's ``config`` parameter: a JSON string, as Triton's
+        clients send it, or an object, with the fields of a ``models:`` entry) adds a model
+        folder the configuration does not list, or reconfigures an unloaded one.
+        """
+        await self.manager.load(name, config=_load_config(config))
 
     async def unload(self, name: str) -> None:
         """Unload every loaded version of the model (repository extension)."""

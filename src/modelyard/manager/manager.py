@@ -12,16 +12,18 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import ServerSettings
 from modelyard.errors import (
     DeadlineExceededError,
+    InvalidInputError,
     MemoryBudgetError,
     ModelLoadError,
     ModelNotFoundError,
@@ -41,7 +43,7 @@ from modelyard.manager.records import (
     ModelRecord,
 )
 from modelyard.manager.states import RESIDENT, ModelState, can_transition
-from modelyard.repository.layout import dir_size_bytes, served_versions
+from modelyard.repository.layout import dir_size_bytes, guess_runtime, served_versions
 from modelyard.repository.manifest import load_public_key, verify_manifest
 from modelyard.runtimes.base import RuntimeSpec
 from modelyard.workers.instance import ModelInstance, StartRequest
@@ -130,6 +132,45 @@ class ModelManager:
             # poll), so a new version folder never takes traffic before it is verified.
             self.record_for(config.name, default)
             entry.aliases[DEFAULT_ALIAS] = AliasRoute(((default, 1.0),))
+        return entry
+
+    def discover(self, name: str, config: Mapping[str, Any] | None = None) -> ModelEntry:
+        """Register a model folder of the repository that the YAML does not list.
+
+        ``config`` holds model fields as in the YAML (``name`` and ``path`` default to the
+        folder name; ``runtime`` is guessed from the files). This is how a model is added
+        without a restart: ``POST /v2/repository/models/{m}/load`` with an optional
+        ``{"parameters": {"config": …}}``, as Triton's explicit mode does. A known model
+        with a ``config`` has its configuration replaced, once it is not loaded.
+        """
+        existing = self.entries.get(name)
+        if existing is not None and not config:
+            return existing
+        if existing is not None and any(r.state in RESIDENT for r in existing.versions.values()):
+            raise ModelStateConflictError(
+                f"model {name!r} is loaded; unload it before loading it with a new config"
+            )
+        fields: dict[str, Any] = {"name": name, "path": name, **(config or {})}
+        if "runtime" not in fields:
+            fields["runtime"] = guess_runtime(self._settings.repository_root / fields["path"])
+        try:
+            model_config = ModelConfig.model_validate(fields)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}"
+                for e in exc.errors()
+            )
+            raise InvalidInputError(f"invalid config for model {name!r}: {problems}") from None
+        if model_config.name != name:
+            raise InvalidInputError(f"config names model {model_config.name!r}, not {name!r}")
+        if not self._settings.model_path(model_config).is_dir():
+            raise ModelNotFoundError(f"model {name!r} is not in the repository")
+        entry = self.add_model(model_config)
+        if not entry.versions:
+            raise ModelNotFoundError(
+                f"model {name!r} has no version folders (<model>/<version>/…) in {entry.path}"
+            )
+        self.events.add("discovered", next(iter(entry.versions.values())).key, "added by load")
         return entry
 
     def refresh_versions(self, entry: ModelEntry) -> None:
@@ -563,8 +604,15 @@ class ModelManager:
             async with self._budget_changed:
                 self._budget_changed.notify_all()
 
-    async def load(self, name: str, version: str | None = None) -> ModelRecord:
-        """Explicit load (repository API); waits for the load to finish."""
+    async def load(
+        self, name: str, version: str | None = None, config: Mapping[str, Any] | None = None
+    ) -> ModelRecord:
+        """Explicit load (repository API); waits for the load to finish.
+
+        A model folder the YAML does not list is registered first (see :meth:`discover`).
+        """
+        if config or name not in self.entries:
+            self.discover(name, config)
         record = self.resolve(name, version)
         return await self.ensure_ready(record, deadline=None, cold_start=False)
 

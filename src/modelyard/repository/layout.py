@@ -36,3 +36,25 @@ def dir_size_bytes(path: Path) -> int:
     if not path.exists():
         return 0
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+_RUNTIME_BY_SUFFIX = (
+    (".onnx", "onnx"),
+    (".skops", "sklearn"),
+    (".pkl", "sklearn"),
+    (".joblib", "sklearn"),
+    (".pt", "torch"),
+    (".pt2", "torch"),
+)
+
+
+def guess_runtime(model_dir: Path) -> str:
+    """The runtime for a model folder's newest version, from its file names (default onnx)."""
+    versions = list_versions(model_dir)
+    if not versions:
+        return "onnx"
+    names = [p.name for p in version_dir(model_dir, versions[-1]).iterdir() if p.is_file()]
+    for suffix, runtime in _RUNTIME_BY_SUFFIX:
+        if any(n.endswith(suffix) for n in names):
+            return runtime
+    return "onnx"

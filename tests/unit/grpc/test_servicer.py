@@ -46,6 +46,7 @@ class FakeDataPlane:
         self.error: Exception | None = None
         self.requests: list[InferRequest] = []
         self.loaded: list[str] = []
+        self.configs: list[object] = []
         self.unloaded: list[str] = []
 
     def _check(self, name: str) -> None:
@@ -99,9 +100,10 @@ class FakeDataPlane:
             else [{"name": "broken", "version": "1", "state": "FAILED", "reason": "bad file"}]
         )
 
-    async def load(self, name: str) -> None:
+    async def load(self, name: str, config: object = None) -> None:
         self._check(name)
         self.loaded.append(name)
+        self.configs.append(config)
 
     async def unload(self, name: str) -> None:
         self._check(name)
@@ -285,9 +287,17 @@ async def test_load_that_does_not_become_ready_is_unavailable(client: Client) ->
     assert info.value.code() is grpc.StatusCode.UNAVAILABLE
 
 
-async def test_load_with_a_config_override_is_unimplemented(client: Client) -> None:
+async def test_load_passes_a_config_override_on(client: Client) -> None:
     msg = pb.RepositoryModelLoadRequest(model_name="echo")
-    msg.parameters["config"].string_param = "{}"
+    msg.parameters["config"].string_param = '{"max_batch_size": 4}'
+    await client.stub.RepositoryModelLoad(msg)
+    assert client.fake.loaded == ["echo"]
+    assert client.fake.configs == ['{"max_batch_size": 4}']
+
+
+async def test_load_with_file_parameters_is_unimplemented(client: Client) -> None:
+    msg = pb.RepositoryModelLoadRequest(model_name="echo")
+    msg.parameters["file:1/model.onnx"].bytes_param = b"..."
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await client.stub.RepositoryModelLoad(msg)
     assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED

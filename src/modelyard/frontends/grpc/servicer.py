@@ -61,7 +61,7 @@ class DataPlaneProtocol(Protocol):
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]: ...
 
-    async def load(self, name: str) -> None: ...
+    async def load(self, name: str, config: object = None) -> None: ...
 
     async def unload(self, name: str) -> None: ...
 
@@ -115,12 +115,20 @@ def _tensor_metadata(
 
 # Triton's load parameters replace the model's config or files; modelyard loads only
 # what its repository holds, so it refuses them rather than silently ignoring them.
-def _check_load_parameters(params: Mapping[str, pb.ModelRepositoryParameter]) -> None:
+def _load_config(params: Mapping[str, pb.ModelRepositoryParameter]) -> str | None:
+    """The ``config`` load parameter (a JSON string of model fields), as over REST."""
     for key in params:
-        if key == "config" or key.startswith("file:"):
+        if key.startswith("file:"):
             raise NotSupportedError(
                 f"load parameter {key!r} is not supported; models load from the repository"
             )
+    if "config" not in params:
+        return None
+    param = params["config"]
+    if param.WhichOneof("parameter_choice") != "string_param":
+        raise InvalidInputError("load parameter 'config' must be a JSON string")
+    config: str = param.string_param
+    return config
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -220,8 +228,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.RepositoryModelLoadResponse:
         """Load (or reload) a model; returns once it is ready, as the REST verb does."""
         name = _model_name(request.model_name)
-        _check_load_parameters(request.parameters)
-        await self.dataplane.load(name)
+        await self.dataplane.load(name, _load_config(request.parameters))
         if not self.dataplane.model_ready(name, None):
             raise ModelNotReadyError(f"model {name!r} did not become ready")
         return pb.RepositoryModelLoadResponse()

@@ -283,10 +283,17 @@ class RestApi:
         return json_response(self.dp.repository_index(bool(doc.get("ready", False))))
 
     async def repository_load(self, request: Request) -> Response:
-        """``POST /v2/repository/models/{m}/load``: returns once loaded (or failed)."""
-        await self._json_body(request)
+        """``POST /v2/repository/models/{m}/load``: returns once loaded (or failed).
+
+        A model folder the YAML does not list can be loaded too, optionally with
+        ``{"parameters": {"config": {...model fields...}}}``.
+        """
+        doc = await self._json_body(request)
+        params = doc.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidInputError("'parameters' must be an object")
         name = request.path_params["model"]
-        await self.dp.load(name)
+        await self.dp.load(name, params.get("config"))
         if not self.dp.model_ready(name, None):
             raise ModelNotReadyError(f"model {name!r} did not become ready")
         return Response(b"", status_code=200)
