@@ -41,7 +41,7 @@ from peer_servers import (
 from peer_summary import markdown, summarise
 
 REPO_ROOT = HERE.parent.parent
-WORK = HERE / "work"
+WORK = HERE / "scratch"
 DEFAULT_OUT = REPO_ROOT / "bench" / "results" / "peers.json"
 ALL_SERVERS = ("modelyard", "mlserver", "pytriton")
 

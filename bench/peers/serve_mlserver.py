@@ -9,7 +9,7 @@ stays the same, so whoever started this script can watch and stop the server by 
     .venv/bin/python bench/peers/serve_mlserver.py --http-port 9080
     .venv/bin/python bench/peers/serve_mlserver.py --prepare-only     # just write the folder
 
-Repository layout (``--work``, default ``bench/peers/work/mlserver``)::
+Repository layout (``--work``, default ``bench/peers/scratch/mlserver``)::
 
     settings.json                       server: ports, host, debug off
     digits-logreg/model-settings.json   implementation mlserver_sklearn.SKLearnModel
@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_WORK = HERE / "work" / "mlserver"
+DEFAULT_WORK = HERE / "scratch" / "mlserver"
 DEFAULT_VENV = HERE / ".venvs" / "mlserver"
 MODEL_FILE = "model.joblib"
 STAMP_FILE = "trained-with.json"
