@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import ServerSettings
-from modelyard.errors import DeadlineExceededError, ModelNotReadyError
+from modelyard.errors import DeadlineExceededError, ModelNotReadyError, ServerError
 from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.app import create_app
 from modelyard.manager.manager import ModelManager
@@ -83,6 +83,7 @@ class App:
         self.grpc_port: int | None = None
         self._closing_tasks: set[asyncio.Task[None]] = set()
         self._started = False
+        self._sampler: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ composition
 
@@ -193,6 +194,7 @@ class App:
         await self.manager.start()
         if self.poller is not None:
             self.poller.start()
+        self._sampler = asyncio.create_task(self._sample_memory(), name="modelyard-memory")
         self._started = True
         # Everything built so far lives as long as the server: move it out of the
         # collector's sight, and collect young objects less often, so that full
@@ -219,6 +221,26 @@ class App:
         self._grpc, self.grpc_port = await start_grpc_server(
             self.dataplane, s.host, s.grpc_port or 0, s.max_request_bytes
         )
+
+    async def _sample_memory(self) -> None:
+        """Keep each worker's live memory in its details, for stats, metrics, dashboard.
+
+        The footprint the budget uses stays the one measured after warm-up; this is
+        what an operator watches for a model that grows (a leak shows here first).
+        """
+        interval = self.settings.memory_sample_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            for record in list(self.manager.records()):
+                instance, info = record.instance, record.info
+                sample = getattr(instance, "sample_memory", None)
+                if sample is None or info is None or not record.is_ready:
+                    continue
+                try:
+                    reading = await sample()
+                except ServerError:
+                    continue  # the worker is going; its exit is handled elsewhere
+                info.details.update(reading.as_details())
 
     def health_details(self) -> dict[str, Any]:
         """Why the server and each model are (not) ready: ``GET /v2/health/details``."""
@@ -264,6 +286,11 @@ class App:
     async def stop(self) -> None:
         """Stop taking requests, finish in-flight ones, unload every model, stop servers."""
         self.dataplane.is_serving = False
+        if self._sampler is not None:
+            self._sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sampler
+            self._sampler = None
         if self._grpc is not None:
             from modelyard.frontends.grpc.server import stop_grpc_server
 

@@ -37,6 +37,7 @@ HANG_TIMEOUT_MS = 500
 HANG_MARGIN_S = 1.0
 """Slack over the deadline for the 504 of a hung request on a loaded 2-core box."""
 LEAK_LIMIT_MB = 64
+MIB = 1024 * 1024
 LEAK_MB = 200.0
 IN_FLIGHT = 4
 """Slow requests inside the worker when it is SIGKILLed."""
@@ -488,3 +489,27 @@ async def test_request_during_restart_is_served_by_the_one_new_worker(
         assert stats["ready"], stats
         assert stats["restarts"] == 1, stats
         assert _live_descendants() == (before - {old_pid}) | {stats["pid"]}
+
+
+async def test_live_worker_memory_is_sampled_for_stats(model_root: Path, tmp_path: Path) -> None:
+    cfg = write_config(
+        tmp_path, [python_model("leaky", "LeakyModel")], model_repository=str(model_root)
+    )
+    async with running_server(cfg, memory_sample_interval_s=0.05) as (app, client):
+        assert (await client.post("/v2/repository/models/leaky/load")).status_code == 200
+
+        async def uss() -> int:
+            stats = (await client.get("/v2/stats")).json()
+            row = next(m for m in stats["models"] if m["name"] == "leaky")
+            return int(row["worker"]["uss_bytes"])
+
+        await asyncio.sleep(0.2)
+        before = await uss()
+        body = {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [64.0]}]}
+        assert (await client.post("/v2/models/leaky/infer", json=body)).status_code == 200
+        for _ in range(50):
+            await asyncio.sleep(0.05)
+            if await uss() - before >= 60 * MIB:
+                break
+        assert await uss() - before >= 60 * MIB, "a worker that grew by 64 MiB shows it"
+        assert app.manager.resolve("leaky", None).measured_bytes is not None

@@ -81,6 +81,8 @@ class ServerSettings(BaseSettings):
     """How long a version replaced by a switch stays loaded for instant rollback."""
     poll_settle_s: float = Field(default=2.0, ge=0)
     """Poll mode: a version folder without a manifest is taken once unchanged this long."""
+    memory_sample_interval_s: float = Field(default=5.0, gt=0)
+    """How often each worker's live memory (RSS/USS/PSS) is read for stats and metrics."""
     eviction_policy: Literal["lru", "cost"] = "lru"
     """Who leaves when room is needed: ``lru``, or ``cost`` (Greedy-Dual-Size-Frequency)."""
     prefetch: PrefetchConfig = Field(default_factory=PrefetchConfig)
