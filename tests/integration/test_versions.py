@@ -34,19 +34,23 @@ async def _value(client: httpx.AsyncClient, path: str = "/v2/models/add/infer") 
     return float(data[0])
 
 
-async def test_blue_green_switch_under_load_loses_nothing(tmp_path: Path) -> None:
+@pytest.fixture
+def two_versions(tmp_path: Path) -> Path:
+    """``add`` v1 (+1) and v2 (+2), both served, v1 the default, with manifests."""
     root = _repo(tmp_path, {1: 1.0, 2: 2.0})
-    models = [
-        {
-            "name": "add",
-            "path": "add",
-            "isolation": "inline",
-            "default_version": "1",
-            "version_policy": {"all": True},
-            "preload": True,
-        },
-    ]
-    cfg = write_config(tmp_path, models, model_repository=str(root))
+    model = {
+        "name": "add",
+        "path": "add",
+        "isolation": "inline",
+        "default_version": "1",
+        "version_policy": {"all": True},
+        "preload": True,
+    }
+    return write_config(tmp_path, [model], model_repository=str(root))
+
+
+async def test_blue_green_switch_under_load_loses_nothing(two_versions: Path) -> None:
+    cfg = two_versions
     async with running_server(cfg) as (app, client):
         seen: list[float] = []
         failures: list[str] = []
@@ -80,19 +84,8 @@ async def test_blue_green_switch_under_load_loses_nothing(tmp_path: Path) -> Non
         assert app.manager.resolve("add", "1").is_ready
 
 
-async def test_rollback_answers_from_previous_version_at_once(tmp_path: Path) -> None:
-    root = _repo(tmp_path, {1: 1.0, 2: 2.0})
-    models = [
-        {
-            "name": "add",
-            "path": "add",
-            "isolation": "inline",
-            "default_version": "1",
-            "version_policy": {"all": True},
-            "preload": True,
-        },
-    ]
-    cfg = write_config(tmp_path, models, model_repository=str(root))
+async def test_rollback_answers_from_previous_version_at_once(two_versions: Path) -> None:
+    cfg = two_versions
     async with running_server(cfg) as (_, client):
         assert await _value(client) == 1.0
         r = await client.post("/v2/repository/models/add/aliases/default", json={"version": "2"})

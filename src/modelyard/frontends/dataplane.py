@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import orjson
 
 from modelyard import __version__
 from modelyard.errors import ErrorCode, InvalidInputError, ModelNotReadyError, ServerError
@@ -21,6 +20,7 @@ from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.states import ModelState
 from modelyard.observability.metrics import OK, Metrics
+from modelyard.protocol.documents import json_object
 from modelyard.protocol.tensors import output_from_array
 from modelyard.protocol.types import InferOutput, InferRequest, InferResponse
 from modelyard.runtimes.base import TensorSpec
@@ -47,10 +47,11 @@ def _load_config(config: object) -> Mapping[str, Any] | None:
     if config is None:
         return None
     if isinstance(config, str | bytes):
+        text = config.encode() if isinstance(config, str) else config
         try:
-            config = orjson.loads(config)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInputError(f"load parameter 'config' is not valid JSON: {exc}") from None
+            return json_object(text, allow_empty=False)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"load parameter 'config': {exc.message}") from None
     if not isinstance(config, Mapping):
         raise InvalidInputError("load parameter 'config' must be a JSON object of model fields")
     return config

@@ -10,11 +10,11 @@ from starlette.routing import BaseRoute, Route
 
 from modelyard.errors import InvalidInputError
 from modelyard.frontends.http.app import _guard, json_response
-from modelyard.frontends.http.codec import json_object
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import DEFAULT_ALIAS
 from modelyard.manager.stats import manager_stats
 from modelyard.manager.versions import VersionController
+from modelyard.protocol.documents import json_object
 
 
 class _HasManager(Protocol):

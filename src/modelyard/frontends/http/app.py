@@ -33,10 +33,10 @@ from modelyard.frontends.http.codec import (
     HEADER_LENGTH,
     decode_request,
     encode_response,
-    json_object,
 )
 from modelyard.frontends.http.errors import error_response
 from modelyard.protocol.datatypes import numpy_dtype
+from modelyard.protocol.documents import json_object
 from modelyard.protocol.types import InferInput, InferRequest
 
 log = logging.getLogger("modelyard.http")

@@ -14,21 +14,6 @@ from modelyard.protocol.types import InferRequest, InferResponse, RequestedOutpu
 HEADER_LENGTH = "inference-header-content-length"
 
 
-def json_object(body: bytes, *, allow_empty: bool) -> dict[str, Any]:
-    """A request body that must be a JSON object (``{}`` for an empty one if allowed)."""
-    if not body.strip():
-        if allow_empty:
-            return {}
-        raise InvalidInputError("request body is empty")
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidInputError("request body must be a JSON object")
-    return doc
-
-
 def _parameters(value: object, where: str) -> dict[str, Any]:
     if value is None:
         return {}
