@@ -1,4 +1,4 @@
-"""Markers by folder, as LitServe does: integration/ and e2e/ tests are marked for you."""
+"""Markers by folder, as LitServe does: integration/, security/ and e2e/ tests are marked for you."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).parts
-        if "integration" in parts:
+        if "integration" in parts or "security" in parts:
             item.add_marker(pytest.mark.integration)
         if "e2e" in parts:
             item.add_marker(pytest.mark.e2e)
