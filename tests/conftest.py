@@ -1,4 +1,4 @@
-"""Markers by folder, as LitServe does: integration/, security/ and e2e/ tests are marked for you."""
+"""Markers by folder, as LitServe does: integration/, security/ and e2e/ tests are marked."""
 
 from __future__ import annotations
 
