@@ -8,7 +8,7 @@ before its handler runs; a method missing from the table is management.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -38,7 +38,15 @@ def grpc_plane(method: str) -> Plane:
     return GRPC_PLANES.get(method[len(_SERVICE) :], Plane.MANAGEMENT)
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor[Any, Any]):
+if TYPE_CHECKING:
+    _Interceptor = grpc.aio.ServerInterceptor[Any, Any]
+    _Handler = grpc.RpcMethodHandler[Any, Any]
+else:  # the runtime classes are not generic; only their stubs are
+    _Interceptor = grpc.aio.ServerInterceptor
+    _Handler = grpc.RpcMethodHandler
+
+
+class AuthInterceptor(_Interceptor):
     """Checks every call's ``authorization`` metadata against its RPC's plane."""
 
     def __init__(self, authorizer: Authorizer) -> None:
@@ -46,9 +54,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor[Any, Any]):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[_Handler]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
+    ) -> _Handler:
         """The RPC's own handler, or one that ends the call with the refusal."""
         plane = grpc_plane(handler_call_details.method)
         if self.authorizer.tokens_for(plane):
@@ -65,7 +73,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor[Any, Any]):
         return await continuation(handler_call_details)
 
 
-def _refusal(handler: Any, exc: ServerError) -> grpc.RpcMethodHandler[Any, Any]:
+def _refusal(handler: Any, exc: ServerError) -> _Handler:
     """A handler of the same kind and (de)serialisers as ``handler`` that aborts with ``exc``."""
     status, message = grpc_status(exc.code), exc.message
 
@@ -79,7 +87,7 @@ def _refusal(handler: Any, exc: ServerError) -> grpc.RpcMethodHandler[Any, Any]:
         (True, False): grpc.stream_unary_rpc_method_handler,
         (True, True): grpc.stream_stream_rpc_method_handler,
     }[kind]
-    refusal: grpc.RpcMethodHandler[Any, Any] = make(
+    refusal: _Handler = make(
         abort,
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
