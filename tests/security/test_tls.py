@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import ssl
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -17,6 +16,7 @@ from modelyard.app import App, StartupError
 from modelyard.config.settings import load_settings
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from tests.security._pki import Pki, channel_credentials, client_context, make_pki
 from tests.servers import write_config
 
 MODELS = [{"name": "add", "path": "add", "preload": True, "isolation": "inline"}]
@@ -24,30 +24,6 @@ INFER_BODY = {
     "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [0, 1, 2, 3]}]
 }
 _SHORT_S = 5.0
-
-
-@dataclass(frozen=True)
-class Pki:
-    """A CA, the server's certificate files, and a client certificate it signed."""
-
-    ca: trustme.CA
-    certfile: Path
-    keyfile: Path
-    ca_file: Path
-    client: trustme.LeafCert
-
-
-@pytest.fixture
-def pki(tmp_path: Path) -> Pki:
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    certfile, keyfile, ca_file = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
-    server.cert_chain_pems[0].write_to_path(str(certfile))
-    for extra in server.cert_chain_pems[1:]:
-        extra.write_to_path(str(certfile), append=True)
-    server.private_key_pem.write_to_path(str(keyfile))
-    ca.cert_pem.write_to_path(str(ca_file))
-    return Pki(ca, certfile, keyfile, ca_file, ca.issue_cert("client@modelyard.test"))
 
 
 @contextlib.asynccontextmanager
@@ -64,24 +40,6 @@ async def tls_server(
         yield app
     finally:
         await app.stop()
-
-
-def _client_context(pki: Pki, *, with_cert: bool) -> ssl.SSLContext:
-    context = ssl.create_default_context()
-    pki.ca.configure_trust(context)
-    if with_cert:
-        pki.client.configure_cert(context)
-    return context
-
-
-def _channel_credentials(pki: Pki, *, with_cert: bool) -> grpc.ChannelCredentials:
-    if not with_cert:
-        return grpc.ssl_channel_credentials(root_certificates=pki.ca.cert_pem.bytes())
-    return grpc.ssl_channel_credentials(
-        root_certificates=pki.ca.cert_pem.bytes(),
-        private_key=pki.client.private_key_pem.bytes(),
-        certificate_chain=b"".join(p.bytes() for p in pki.client.cert_chain_pems),
-    )
 
 
 def _stub(channel: grpc.aio.Channel) -> pb_grpc.GRPCInferenceServiceStub:
@@ -109,11 +67,12 @@ async def _grpc_live(target: str, credentials: grpc.ChannelCredentials | None) -
     return bool(response.live)
 
 
-async def test_https_and_grpc_over_tls(model_root: Path, tmp_path: Path, pki: Pki) -> None:
+async def test_https_and_grpc_over_tls(model_root: Path, tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
     async with tls_server(model_root, tmp_path, pki, mutual=False) as app:
         target = f"127.0.0.1:{app.grpc_port}"
-        await _https_works(app, _client_context(pki, with_cert=False))
-        assert await _grpc_live(target, _channel_credentials(pki, with_cert=False))
+        await _https_works(app, client_context(pki, with_cert=False))
+        assert await _grpc_live(target, channel_credentials(pki, with_cert=False))
         # Plaintext to either TLS port gets nothing served.
         async with httpx.AsyncClient(timeout=_SHORT_S) as plain:
             with pytest.raises(httpx.TransportError):
@@ -126,32 +85,34 @@ async def test_https_and_grpc_over_tls(model_root: Path, tmp_path: Path, pki: Pk
             with pytest.raises(httpx.ConnectError):
                 await untrusting.get(f"https://127.0.0.1:{app.http_port}/v2/health/ready")
         # The server kept serving through all of that.
-        await _https_works(app, _client_context(pki, with_cert=False))
+        await _https_works(app, client_context(pki, with_cert=False))
 
 
-async def test_mutual_tls(model_root: Path, tmp_path: Path, pki: Pki) -> None:
+async def test_mutual_tls(model_root: Path, tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
     async with tls_server(model_root, tmp_path, pki, mutual=True) as app:
         target = f"127.0.0.1:{app.grpc_port}"
         async with httpx.AsyncClient(
-            verify=_client_context(pki, with_cert=False), timeout=_SHORT_S
+            verify=client_context(pki, with_cert=False), timeout=_SHORT_S
         ) as anonymous:
             with pytest.raises(httpx.TransportError):
                 await anonymous.get(f"https://127.0.0.1:{app.http_port}/v2/health/ready")
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await _grpc_live(target, _channel_credentials(pki, with_cert=False))
+            await _grpc_live(target, channel_credentials(pki, with_cert=False))
         assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
         # A client certificate from another CA is refused too.
         stranger = trustme.CA().issue_cert("stranger@elsewhere.test")
-        context = _client_context(pki, with_cert=False)
+        context = client_context(pki, with_cert=False)
         stranger.configure_cert(context)
         async with httpx.AsyncClient(verify=context, timeout=_SHORT_S) as impostor:
             with pytest.raises(httpx.TransportError):
                 await impostor.get(f"https://127.0.0.1:{app.http_port}/v2/health/ready")
-        await _https_works(app, _client_context(pki, with_cert=True))
-        assert await _grpc_live(target, _channel_credentials(pki, with_cert=True))
+        await _https_works(app, client_context(pki, with_cert=True))
+        assert await _grpc_live(target, channel_credentials(pki, with_cert=True))
 
 
-async def test_unusable_certificate_stops_start(model_root: Path, tmp_path: Path, pki: Pki) -> None:
+async def test_unusable_certificate_stops_start(model_root: Path, tmp_path: Path) -> None:
+    make_pki(tmp_path)  # cert.pem and key.pem, which two of the cases name
     other_key = tmp_path / "other-key.pem"
     trustme.CA().issue_cert("127.0.0.1").private_key_pem.write_to_path(str(other_key))
     for security, fragment in [
