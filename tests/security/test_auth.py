@@ -10,9 +10,12 @@ address, and tokens never reaching logs or ``/v2/stats``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import os
 import secrets
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -429,3 +432,24 @@ async def test_non_loopback_with_management_token_starts_protected(
             assert r.status_code == 200
     finally:
         await app.stop()
+
+
+@pytest.mark.slow  # a fresh interpreter importing the server: seconds
+async def test_serve_command_refuses_non_loopback_without_token(tmp_path: Path) -> None:
+    """``modelyard serve --host 0.0.0.0`` exits at once with the setting to fix."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELYARD_")}
+    argv = ["serve", "--host", "0.0.0.0", "--http-port", "0", "--grpc-port", "0"]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "modelyard.cli",
+        *argv,
+        cwd=tmp_path,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(120):
+        _, stderr = await process.communicate()
+    assert process.returncode == 1
+    assert "security.management_token" in stderr.decode()
