@@ -9,7 +9,7 @@ protected on one transport and open on the other.
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from modelyard.config.security import SecurityConfig
@@ -42,6 +42,7 @@ class Authorizer:
     management: bytes | None
     data: bytes | None
     protect_metrics: bool = False
+    _grants: dict[Plane, tuple[bytes, ...]] = field(init=False, compare=False)
 
     def __repr__(self) -> str:
         # Never the tokens themselves, which the dataclass repr would print.
@@ -66,18 +67,21 @@ class Authorizer:
         """Whether any call can be refused (when not, front ends skip the check)."""
         return self.management is not None or self.data is not None
 
+    def __post_init__(self) -> None:
+        # Which tokens grant each plane, worked out once: the check runs per request.
+        management = () if self.management is None else (self.management,)
+        data = () if self.data is None else (self.data, *management)
+        grants = {
+            Plane.OPEN: (),
+            Plane.DATA: data,
+            Plane.METRICS: management if self.protect_metrics else (),
+            Plane.MANAGEMENT: management,
+        }
+        object.__setattr__(self, "_grants", grants)
+
     def tokens_for(self, plane: Plane) -> tuple[bytes, ...]:
         """The tokens that grant ``plane``; empty when it is open."""
-        if plane is Plane.OPEN:
-            return ()
-        if plane is Plane.METRICS:
-            plane = Plane.MANAGEMENT if self.protect_metrics else Plane.OPEN
-            return self.tokens_for(plane)
-        if plane is Plane.DATA:
-            if self.data is None:
-                return ()
-            return (self.data,) if self.management is None else (self.data, self.management)
-        return () if self.management is None else (self.management,)
+        return self._grants[plane]
 
     def check(self, plane: Plane, authorization: str | bytes | None) -> None:
         """Allow the call, or raise :class:`UnauthenticatedError` (no Bearer token) or
