@@ -11,6 +11,7 @@ import gc
 import logging
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,10 +19,13 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from modelyard.config.model_config import ModelConfig
+from modelyard.config.security import SecurityError, check_exposure
 from modelyard.config.settings import ServerSettings
 from modelyard.errors import DeadlineExceededError, ModelNotReadyError, ServerError
+from modelyard.frontends.auth import Authorizer
 from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.app import create_app
+from modelyard.frontends.http.tls import uvicorn_tls_options
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.poller import RepositoryPoller
 from modelyard.manager.records import ModelRecord
@@ -84,6 +88,9 @@ class App:
         self._closing_tasks: set[asyncio.Task[None]] = set()
         self._started = False
         self._sampler: asyncio.Task[None] | None = None
+        self.security = settings.security.relative_to(Path(settings.config_dir))
+        """The security settings, file paths resolved from the YAML's folder."""
+        self.authorizer: Authorizer | None = None
 
     # ------------------------------------------------------------------ composition
 
@@ -151,12 +158,23 @@ class App:
     async def start(self) -> None:
         """Start the worker factory and front ends, preload models, then report ready."""
         s = self.settings
+        try:
+            # Before anything binds: an exposed server with an open management plane
+            # must not serve a single request.
+            check_exposure(s.host, self.security)
+            self.authorizer = Authorizer.from_config(self.security)
+            tls_options = uvicorn_tls_options(self.security)
+            grpc_credentials = self._grpc_credentials() if s.grpc_port is not None else None
+        except SecurityError as exc:
+            raise StartupError(str(exc)) from None
         # The warm fork server starts once here, so a model's first load pays
         # milliseconds for its worker instead of a fresh interpreter and imports.
         self._worker_factory = WorkerFactory()
         await self._worker_factory.start()
         log.info("worker memory limits: %s", self._worker_factory.memory_limit_backend)
-        http_app = create_app(self.dataplane, s.max_request_bytes, self.extra_routes())
+        http_app = create_app(
+            self.dataplane, s.max_request_bytes, self.extra_routes(), self.authorizer
+        )
         config = uvicorn.Config(
             http_app,
             host=s.host,
@@ -172,6 +190,7 @@ class App:
             proxy_headers=False,
             server_header=False,
             date_header=False,
+            **tls_options,
         )
         self._http = uvicorn.Server(config)
         # NOTE: in the main thread uvicorn captures SIGINT/SIGTERM while it serves and
@@ -190,7 +209,7 @@ class App:
             await asyncio.sleep(0.01)
         self.http_port = self._http.servers[0].sockets[0].getsockname()[1]
         if s.grpc_port is not None:
-            await self._start_grpc()
+            await self._start_grpc(grpc_credentials)
         await self.manager.start()
         if self.poller is not None:
             self.poller.start()
@@ -203,15 +222,28 @@ class App:
         gc.freeze()
         gc.set_threshold(_GC_GEN0_THRESHOLD, 20, 50)
         self.dataplane.is_serving = True
+        log.info("authentication: %s", self.authorizer)
         log.info(
-            "modelyard serving %d model(s) on http://%s:%s%s",
+            "modelyard serving %d model(s) on %s://%s:%s%s",
             len(self.manager.entries),
+            "https" if self.security.is_tls else "http",
             s.host,
             self.http_port,
             f" and grpc {s.host}:{self.grpc_port}" if self.grpc_port else "",
         )
 
-    async def _start_grpc(self) -> None:
+    def _grpc_credentials(self) -> Any:
+        """gRPC's TLS credentials (None: plaintext); raises SecurityError naming the setting."""
+        try:
+            from modelyard.frontends.grpc.server import server_credentials
+        except ImportError:
+            return None
+        try:
+            return server_credentials(self.security)
+        except OSError as exc:
+            raise SecurityError(f"security.tls_*: cannot read a TLS file for gRPC: {exc}") from None
+
+    async def _start_grpc(self, credentials: Any) -> None:
         try:
             from modelyard.frontends.grpc.server import start_grpc_server
         except ImportError:
@@ -219,7 +251,12 @@ class App:
             return
         s = self.settings
         self._grpc, self.grpc_port = await start_grpc_server(
-            self.dataplane, s.host, s.grpc_port or 0, s.max_request_bytes
+            self.dataplane,
+            s.host,
+            s.grpc_port or 0,
+            s.max_request_bytes,
+            authorizer=self.authorizer,
+            credentials=credentials,
         )
 
     async def _sample_memory(self) -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from modelyard.config.settings import ConfigError, load_settings
 
@@ -55,15 +57,52 @@ def _example(args: argparse.Namespace) -> int:
     return 0
 
 
+TOKEN_ENV = "MODELYARD_TOKEN"
+"""Environment variable the client verbs read the server's token from (``--token`` wins)."""
+
+
+def client_token(args: argparse.Namespace) -> str | None:
+    """The token a client verb sends: ``--token``, else ``$MODELYARD_TOKEN``, else none."""
+    token: str | None = getattr(args, "token", None) or os.environ.get(TOKEN_ENV) or None
+    return token
+
+
+def _http_options(args: argparse.Namespace) -> dict[str, Any]:
+    """httpx keyword arguments for a client verb: the Bearer header and the CA to trust."""
+    options: dict[str, Any] = {}
+    token = client_token(args)
+    if token is not None:
+        options["headers"] = {"authorization": f"Bearer {token}"}
+    if args.cacert is not None:
+        import ssl
+
+        options["verify"] = ssl.create_default_context(cafile=args.cacert)
+    return options
+
+
+def _refused(url: str, response: Any) -> int:
+    try:
+        reason = response.json().get("error", response.text)
+    except ValueError:
+        reason = response.text
+    print(f"modelyard: {url}: HTTP {response.status_code}: {reason}", file=sys.stderr)
+    if response.status_code == 401:
+        print(f"modelyard: pass --token or set {TOKEN_ENV}", file=sys.stderr)
+    return 1
+
+
 def _models(args: argparse.Namespace) -> int:
     import httpx
 
     url = args.url.rstrip("/")
     try:
-        rows = httpx.post(f"{url}/v2/repository/index", json={}, timeout=10).json()
-    except httpx.HTTPError as exc:
+        r = httpx.post(f"{url}/v2/repository/index", json={}, timeout=10, **_http_options(args))
+    except (httpx.HTTPError, OSError) as exc:
         print(f"modelyard: cannot reach {url}: {exc}", file=sys.stderr)
         return 1
+    if r.status_code != 200:
+        return _refused(url, r)
+    rows = r.json()
     print(f"{'MODEL':32} {'VERSION':8} {'STATE':10} REASON")
     for row in rows:
         print(f"{row['name']:32} {row['version']:8} {row['state']:10} {row.get('reason', '')}")
@@ -110,21 +149,23 @@ def _keygen(args: argparse.Namespace) -> int:
     return 0
 
 
-def _post(url: str, body: dict[str, object]) -> int:
+def _post(args: argparse.Namespace, url: str, body: dict[str, object]) -> int:
     import httpx
 
     try:
-        r = httpx.post(url, json=body, timeout=300)
-    except httpx.HTTPError as exc:
+        r = httpx.post(url, json=body, timeout=300, **_http_options(args))
+    except (httpx.HTTPError, OSError) as exc:
         print(f"modelyard: cannot reach {url}: {exc}", file=sys.stderr)
         return 1
+    if r.status_code != 200:
+        return _refused(url, r)
     print(r.text)
-    return 0 if r.status_code == 200 else 1
+    return 0
 
 
 def _rollback(args: argparse.Namespace) -> int:
     url = f"{args.url.rstrip('/')}/v2/repository/models/{args.model}/rollback"
-    return _post(url, {"alias": args.alias})
+    return _post(args, url, {"alias": args.alias})
 
 
 def _alias(args: argparse.Namespace) -> int:
@@ -133,7 +174,7 @@ def _alias(args: argparse.Namespace) -> int:
         version, _, weight = item.partition("=")
         targets[version] = float(weight) if weight else 1.0
     url = f"{args.url.rstrip('/')}/v2/repository/models/{args.model}/aliases/{args.alias}"
-    return _post(url, {"versions": targets})
+    return _post(args, url, {"versions": targets})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,8 +197,16 @@ def build_parser() -> argparse.ArgumentParser:
     example.add_argument("--no-minilm", action="store_true", help="skip the MiniLM encoder")
     example.set_defaults(func=_example)
 
-    models = sub.add_parser("models", help="list models and states of a running server")
-    models.add_argument("--url", default="http://127.0.0.1:8080")
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument("--url", default="http://127.0.0.1:8080", help="server (%(default)s)")
+    client.add_argument(
+        "--token", help=f"management token to send (default: ${TOKEN_ENV}, else none)"
+    )
+    client.add_argument("--cacert", help="PEM CA bundle to trust for an https:// --url")
+
+    models = sub.add_parser(
+        "models", parents=[client], help="list models and states of a running server"
+    )
     models.set_defaults(func=_models)
 
     manifest = sub.add_parser("manifest", help="write SHA256 manifests for model versions")
@@ -169,17 +218,19 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("out", help="private key file to write (public key beside it)")
     keygen.set_defaults(func=_keygen)
 
-    rollback = sub.add_parser("rollback", help="move an alias back to its previous version")
+    rollback = sub.add_parser(
+        "rollback", parents=[client], help="move an alias back to its previous version"
+    )
     rollback.add_argument("model")
     rollback.add_argument("--alias", default="default")
-    rollback.add_argument("--url", default="http://127.0.0.1:8080")
     rollback.set_defaults(func=_rollback)
 
-    alias = sub.add_parser("alias", help="point an alias at versions (blue-green switch)")
+    alias = sub.add_parser(
+        "alias", parents=[client], help="point an alias at versions (blue-green switch)"
+    )
     alias.add_argument("model")
     alias.add_argument("alias")
     alias.add_argument("versions", nargs="+", help="VERSION or VERSION=WEIGHT (canary split)")
-    alias.add_argument("--url", default="http://127.0.0.1:8080")
     alias.set_defaults(func=_alias)
 
     try:

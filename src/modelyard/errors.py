@@ -27,6 +27,8 @@ class ErrorCode(StrEnum):
     CIRCUIT_OPEN = "circuit_open"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     NOT_SUPPORTED = "not_supported"
+    UNAUTHENTICATED = "unauthenticated"
+    PERMISSION_DENIED = "permission_denied"
     INTERNAL = "internal"
 
 
@@ -135,6 +137,18 @@ class NotSupportedError(ServerError):
     code = ErrorCode.NOT_SUPPORTED
 
 
+class UnauthenticatedError(ServerError):
+    """The route needs a token and the request carried none (or not a Bearer one)."""
+
+    code = ErrorCode.UNAUTHENTICATED
+
+
+class PermissionDeniedError(ServerError):
+    """The request's token does not grant the plane the route belongs to."""
+
+    code = ErrorCode.PERMISSION_DENIED
+
+
 _BY_CODE: dict[ErrorCode, type[ServerError]] = {
     cls.code: cls
     for cls in (
@@ -152,6 +166,8 @@ _BY_CODE: dict[ErrorCode, type[ServerError]] = {
         ModelLoadError,
         CircuitOpenError,
         NotSupportedError,
+        UnauthenticatedError,
+        PermissionDeniedError,
     )
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -27,6 +28,8 @@ from modelyard.bench.workload import MixSpec
 
 _T = TypeVar("_T")
 
+TOKEN_ENV = "MODELYARD_TOKEN"
+"""Where ``--token`` is read from when the flag is absent (as for the other client verbs)."""
 _OPEN_LOOP_CONCURRENCY = 64
 """Default cap on requests in flight in open loop, where concurrency is not the load."""
 
@@ -59,6 +62,20 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     )
     target.add_argument(
         "--grpc", metavar="HOST:PORT", help="send over gRPC to this address instead"
+    )
+    target.add_argument(
+        "--token",
+        help=(
+            "Bearer token sent with every request (default: $MODELYARD_TOKEN, else none); "
+            "discovery without --models needs the management token"
+        ),
+    )
+    target.add_argument(
+        "--cacert",
+        type=Path,
+        metavar="PEM",
+        help="CA bundle to trust: for an https:// --url (with --http-client aiohttp), "
+        "or TLS for --grpc",
     )
     target.add_argument(
         "--models", metavar="A,B,C", help="models to send to (default: every READY model)"
@@ -159,6 +176,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         return BenchConfig(
             url=args.url,
             grpc_target=args.grpc,
+            token=args.token or os.environ.get(TOKEN_ENV) or None,
+            ca_file=args.cacert,
             models=models,
             mix=mix,
             concurrency=concurrency,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -113,17 +114,24 @@ class RawHttpClient:
     """HTTP/1.1 keep-alive over ``asyncio`` streams; plain ``http://`` only."""
 
     def __init__(
-        self, endpoint: Endpoint, bodies: Mapping[str, bytes], *, timeout_s: float
+        self,
+        endpoint: Endpoint,
+        bodies: Mapping[str, bytes],
+        *,
+        timeout_s: float,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         if endpoint.scheme != "http":
             raise BenchConfigError(
                 "the raw HTTP client speaks plain http; use --http-client aiohttp"
             )
         host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
+        extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         self._messages = {
             model: (
                 f"POST {endpoint.infer_path(model)} HTTP/1.1\r\n"
                 f"Host: {host}:{endpoint.port}\r\n"
+                f"{extra}"
                 "Content-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n"
             ).encode("latin-1")
@@ -238,15 +246,23 @@ class AiohttpClient:
     """``aiohttp`` with one shared ``TCPConnector(limit=concurrency)``; create it inside a loop."""
 
     def __init__(
-        self, endpoint: Endpoint, bodies: Mapping[str, bytes], *, limit: int, timeout_s: float
+        self,
+        endpoint: Endpoint,
+        bodies: Mapping[str, bytes],
+        *,
+        limit: int,
+        timeout_s: float,
+        headers: Mapping[str, str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._targets = {
             model: (yarl.URL(endpoint.origin + endpoint.infer_path(model), encoded=True), body)
             for model, body in bodies.items()
         }
         self._http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=limit),
+            connector=aiohttp.TCPConnector(limit=limit, ssl=ssl_context or True),
             timeout=aiohttp.ClientTimeout(total=timeout_s),
+            headers=dict(headers or {}),
         )
 
     def session(self) -> InferSession:

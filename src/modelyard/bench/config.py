@@ -12,6 +12,7 @@ from pydantic import (
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
+    SecretStr,
     model_validator,
 )
 
@@ -32,6 +33,11 @@ class BenchConfig(BaseModel):
     """Base URL of the server's KServe v2 REST endpoint."""
     grpc_target: str | None = None
     """``host:port`` of the server's gRPC endpoint; when set, requests go over gRPC."""
+    token: SecretStr | None = None
+    """Bearer token sent with every request (the server's data token, or its management
+    token when the model list comes from the repository index)."""
+    ca_file: Path | None = None
+    """PEM CA bundle to trust for an ``https://`` URL; with ``grpc_target``, gRPC uses TLS."""
     models: tuple[str, ...] = ()
     """Models to send to; empty means every READY model the server lists."""
     mix: MixSpec = MixSpec()

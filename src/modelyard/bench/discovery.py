@@ -5,6 +5,7 @@ Runs once before the first phase, so it favours clear errors over speed.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,15 +33,22 @@ async def discover_rest(
     *,
     skip_metadata: Collection[str] = (),
     timeout_s: float = 10.0,
+    headers: Mapping[str, str] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> Discovery:
     """Resolve ``models`` (empty: every READY model) and fetch metadata for each one.
 
     The model list comes from ``POST /v2/repository/index`` (READY entries only), falling back
     to ``GET /v2/models`` for servers without the repository extension. Models in
-    ``skip_metadata`` have a user-supplied payload and need no metadata.
+    ``skip_metadata`` have a user-supplied payload and need no metadata. ``headers``
+    (the token) go with every request; ``ssl_context`` says which CA to trust.
     """
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as http:
+    async with aiohttp.ClientSession(
+        timeout=timeout,
+        headers=dict(headers or {}),
+        connector=aiohttp.TCPConnector(ssl=ssl_context or True),
+    ) as http:
         names = tuple(models) or await _ready_models(http, endpoint)
         if not names:
             raise TargetError(f"{endpoint.url('')} reports no READY models; pass --models")

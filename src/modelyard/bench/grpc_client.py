@@ -119,10 +119,13 @@ class GrpcInferClient:
         *,
         timeout_s: float,
         stubs: GrpcStubs | None = None,
+        metadata: tuple[tuple[str, str], ...] | None = None,
+        root_certificates: bytes | None = None,
     ) -> None:
         stubs = stubs or load_grpc_stubs()
         self._requests = {model: infer_request_bytes(stubs, p) for model, p in payloads.items()}
-        self._channel = grpc.aio.insecure_channel(target)
+        self._channel = open_channel(target, root_certificates)
+        self._metadata = metadata
         self._call = self._channel.unary_unary(
             f"/{stubs.service}/ModelInfer", request_serializer=None, response_deserializer=None
         )
@@ -130,7 +133,7 @@ class GrpcInferClient:
 
     def session(self) -> InferSession:
         """A session over the shared channel."""
-        return _GrpcSession(self._call, self._requests, self._timeout_s)
+        return _GrpcSession(self._call, self._requests, self._timeout_s, self._metadata)
 
     async def close(self) -> None:
         """Close the channel."""
@@ -143,14 +146,18 @@ class _GrpcSession:
         call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes],
         requests: Mapping[str, bytes],
         timeout_s: float,
+        metadata: tuple[tuple[str, str], ...] | None = None,
     ) -> None:
         self._call = call
         self._requests = requests
         self._timeout_s = timeout_s
+        self._metadata = metadata
 
     async def infer(self, model: str) -> str | None:
         try:
-            await self._call(self._requests[model], timeout=self._timeout_s)
+            await self._call(
+                self._requests[model], timeout=self._timeout_s, metadata=self._metadata
+            )
         except grpc.aio.AioRpcError as exc:
             return str(exc.code().name)
         return None
@@ -163,6 +170,8 @@ async def discover_grpc(
     skip_metadata: Collection[str] = (),
     timeout_s: float = 10.0,
     stubs: GrpcStubs | None = None,
+    call_metadata: tuple[tuple[str, str], ...] | None = None,
+    root_certificates: bytes | None = None,
 ) -> Discovery:
     """Resolve ``models`` and fetch their metadata over gRPC.
 
@@ -170,15 +179,19 @@ async def discover_grpc(
     Seldon define one); otherwise pass the models explicitly.
     """
     stubs = stubs or load_grpc_stubs()
-    async with grpc.aio.insecure_channel(target) as channel:
+    async with open_channel(target, root_certificates) as channel:
         stub = stubs.stub(channel)
         try:
-            names = tuple(models) or await _ready_models(stubs, stub, target, timeout_s)
+            names = tuple(models) or await _ready_models(
+                stubs, stub, target, timeout_s, call_metadata
+            )
             metadata = {}
             for name in names:
                 if name not in skip_metadata:
                     request = stubs.pb2.ModelMetadataRequest(name=name)
-                    response = await stub.ModelMetadata(request, timeout=timeout_s)
+                    response = await stub.ModelMetadata(
+                        request, timeout=timeout_s, metadata=call_metadata
+                    )
                     metadata[name] = ModelMetadata(
                         name=name,
                         inputs=tuple(
@@ -192,15 +205,29 @@ async def discover_grpc(
 
 
 async def _ready_models(
-    stubs: GrpcStubs, stub: Any, target: str, timeout_s: float
+    stubs: GrpcStubs,
+    stub: Any,
+    target: str,
+    timeout_s: float,
+    metadata: tuple[tuple[str, str], ...] | None,
 ) -> tuple[str, ...]:
     if "RepositoryIndex" not in stubs.methods:
         raise TargetError(f"gRPC {target}: the service has no RepositoryIndex; pass --models")
-    response = await stub.RepositoryIndex(stubs.pb2.RepositoryIndexRequest(), timeout=timeout_s)
+    response = await stub.RepositoryIndex(
+        stubs.pb2.RepositoryIndexRequest(), timeout=timeout_s, metadata=metadata
+    )
     names = tuple(m.name for m in response.models if (m.state or "READY").upper() == "READY")
     if not names:
         raise TargetError(f"gRPC {target} reports no READY models; pass --models")
     return names
+
+
+def open_channel(target: str, root_certificates: bytes | None) -> grpc.aio.Channel:
+    """A channel to ``target``: TLS trusting ``root_certificates`` when given, else plaintext."""
+    if root_certificates is None:
+        return grpc.aio.insecure_channel(target)
+    credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+    return grpc.aio.secure_channel(target, credentials)
 
 
 def _raw_bytes(item: InferInput) -> bytes:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
+from modelyard.bench.access import Access
 from modelyard.bench.client import AiohttpClient, Endpoint, InferClient, InferSession, RawHttpClient
 from modelyard.bench.config import BenchConfig
 from modelyard.bench.discovery import discover_rest
@@ -82,11 +83,17 @@ async def prepare_workload(config: BenchConfig) -> Workload:
         assert config.mix.trace_path is not None
         models = trace(config.mix.trace_path).models
     skip = frozenset(config.payload_files)
+    access = Access.from_config(config)
     if config.grpc_target is not None:
         from modelyard.bench.grpc_client import discover_grpc
 
         found = await discover_grpc(
-            config.grpc_target, models, skip_metadata=skip, timeout_s=config.request_timeout_s
+            config.grpc_target,
+            models,
+            skip_metadata=skip,
+            timeout_s=config.request_timeout_s,
+            call_metadata=access.grpc_metadata,
+            root_certificates=access.grpc_root_certificates(),
         )
     else:
         found = await discover_rest(
@@ -94,6 +101,8 @@ async def prepare_workload(config: BenchConfig) -> Workload:
             models,
             skip_metadata=skip,
             timeout_s=config.request_timeout_s,
+            headers=access.http_headers,
+            ssl_context=access.ssl_context(),
         )
     unknown = skip - set(found.models)
     if unknown:
@@ -234,19 +243,31 @@ def _poisson(
 
 
 def _open_client(config: BenchConfig, workload: Workload, concurrency: int) -> InferClient:
+    access = Access.from_config(config)
     if config.grpc_target is not None:
         from modelyard.bench.grpc_client import GrpcInferClient
 
         return GrpcInferClient(
-            config.grpc_target, workload.payloads, timeout_s=config.request_timeout_s
+            config.grpc_target,
+            workload.payloads,
+            timeout_s=config.request_timeout_s,
+            metadata=access.grpc_metadata,
+            root_certificates=access.grpc_root_certificates(),
         )
     endpoint = Endpoint.parse(config.url)
     bodies = {model: payload.json_body for model, payload in workload.payloads.items()}
     if config.http_client == "aiohttp":
         return AiohttpClient(
-            endpoint, bodies, limit=concurrency, timeout_s=config.request_timeout_s
+            endpoint,
+            bodies,
+            limit=concurrency,
+            timeout_s=config.request_timeout_s,
+            headers=access.http_headers,
+            ssl_context=access.ssl_context(),
         )
-    return RawHttpClient(endpoint, bodies, timeout_s=config.request_timeout_s)
+    return RawHttpClient(
+        endpoint, bodies, timeout_s=config.request_timeout_s, headers=access.http_headers
+    )
 
 
 async def _cpu_at(at_ns: int) -> float:

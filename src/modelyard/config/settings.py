@@ -16,6 +16,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from modelyard.config.model_config import ModelConfig
+from modelyard.config.security import SecurityConfig
 
 _FILE_DATA: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("_FILE_DATA")
 
@@ -87,6 +88,8 @@ class ServerSettings(BaseSettings):
     """Who leaves when room is needed: ``lru``, or ``cost`` (Greedy-Dual-Size-Frequency)."""
     prefetch: PrefetchConfig = Field(default_factory=PrefetchConfig)
     """Predictive preloading."""
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
+    """Tokens per plane and TLS; see docs/security.md."""
     devices: list[DeviceConfig] = Field(default_factory=lambda: [DeviceConfig(name="cpu")])
     """Devices and their byte budgets."""
     models: list[ModelConfig] = Field(default_factory=list)

@@ -22,6 +22,8 @@ EXPECTED: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.CIRCUIT_OPEN: grpc.StatusCode.UNAVAILABLE,
     ErrorCode.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorCode.NOT_SUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    ErrorCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 

@@ -21,6 +21,8 @@ GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
     # gRPC itself answers RESOURCE_EXHAUSTED for a message over the size limit.
     ErrorCode.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorCode.NOT_SUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    ErrorCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
     ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 """The gRPC status of every :class:`ErrorCode`; a unit test keeps it complete."""

@@ -28,7 +28,9 @@ from modelyard.errors import (
     RequestCancelledError,
     ServerError,
 )
+from modelyard.frontends.auth import Authorizer
 from modelyard.frontends.dataplane import DataPlane
+from modelyard.frontends.http.auth import AuthLayer
 from modelyard.frontends.http.codec import (
     HEADER_LENGTH,
     decode_request,
@@ -423,13 +425,20 @@ class InferFastPath:
 
 
 def create_app(
-    dataplane: DataPlane, max_request_bytes: int, extra_routes: list[BaseRoute] | None = None
+    dataplane: DataPlane,
+    max_request_bytes: int,
+    extra_routes: list[BaseRoute] | None = None,
+    authorizer: Authorizer | None = None,
 ) -> ASGIApp:
-    """The ASGI app: the infer fast path, then the protocol routes plus ``extra_routes``
-    (metrics, dashboard, admin) in Starlette."""
+    """The ASGI app: the token check (when ``authorizer`` has tokens), the infer fast
+    path, then the protocol routes plus ``extra_routes`` (metrics, dashboard, admin)
+    in Starlette."""
     api = RestApi(dataplane, max_request_bytes)
     app = Starlette(
         routes=[*api.routes(), *(extra_routes or [])],
         exception_handlers={404: _not_found, 405: _method_not_allowed},
     )
-    return InferFastPath(api, app)
+    fast: ASGIApp = InferFastPath(api, app)
+    if authorizer is not None and authorizer.is_enabled:
+        return AuthLayer(authorizer, fast)
+    return fast

@@ -23,6 +23,8 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.CIRCUIT_OPEN: 503,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.NOT_SUPPORTED: 501,
+    ErrorCode.UNAUTHENTICATED: 401,
+    ErrorCode.PERMISSION_DENIED: 403,
     ErrorCode.INTERNAL: 500,
 }
 
@@ -34,6 +36,9 @@ def error_response(exc: ServerError) -> Response:
         headers["retry-after"] = str(max(1, math.ceil(exc.retry_after_s)))
     elif exc.code in (ErrorCode.OVERLOADED, ErrorCode.MEMORY_BUDGET, ErrorCode.CIRCUIT_OPEN):
         headers["retry-after"] = "1"
+    if exc.code is ErrorCode.UNAUTHENTICATED:
+        # RFC 6750: a 401 names the scheme the client should use.
+        headers["www-authenticate"] = 'Bearer realm="modelyard"'
     return Response(
         orjson.dumps({"error": exc.message}),
         status_code=HTTP_STATUS[exc.code],

@@ -253,8 +253,27 @@ function renderEvents(stats) {
 
 // ------------------------------------------------------------------ polling
 
+// A server with a management token answers the stats routes 401/403 without it. The
+// token is asked for once and kept for this tab only (sessionStorage), never in the URL.
+const TOKEN_KEY = "modelyard-management-token";
+let tokenDeclined = false;
+
+function askForToken(sent) {
+  // Another request may already have asked (and got a newer token) meanwhile.
+  if (tokenDeclined || sessionStorage.getItem(TOKEN_KEY) !== sent) return;
+  const token = window.prompt("This server needs its management token (kept for this tab only):");
+  if (token && token.trim()) sessionStorage.setItem(TOKEN_KEY, token.trim());
+  else tokenDeclined = true;
+}
+
 async function getJson(url) {
-  const r = await fetch(url, { cache: "no-store" });
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const headers = token ? { authorization: `Bearer ${token}` } : {};
+  const r = await fetch(url, { cache: "no-store", headers });
+  if (r.status === 401 || r.status === 403) {
+    askForToken(token);
+    throw new Error(`${url}: HTTP ${r.status}${tokenDeclined ? " (reload to enter a token)" : ""}`);
+  }
   if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
   return r.json();
 }
