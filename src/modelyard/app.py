@@ -22,6 +22,7 @@ from modelyard.config.settings import ServerSettings
 from modelyard.errors import DeadlineExceededError, ModelNotReadyError, ServerError
 from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.app import create_app
+from modelyard.frontends.http.connections import guarded_protocol
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.poller import RepositoryPoller
 from modelyard.manager.records import ModelRecord
@@ -74,7 +75,7 @@ class App:
             )
         self.manager.events.listeners.append(self.metrics.on_event)
         self.metrics.bind(self.manager)
-        self.dataplane = DataPlane(self.manager, self.metrics)
+        self.dataplane = DataPlane(self.manager, self.metrics, settings.limits)
         self._http: uvicorn.Server | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._grpc: Any = None
@@ -156,17 +157,26 @@ class App:
         self._worker_factory = WorkerFactory()
         await self._worker_factory.start()
         log.info("worker memory limits: %s", self._worker_factory.memory_limit_backend)
-        http_app = create_app(self.dataplane, s.max_request_bytes, self.extra_routes())
+        limits = s.limits
+        http_app = create_app(
+            self.dataplane,
+            s.max_request_bytes,
+            self.extra_routes(),
+            max_control_body_bytes=limits.max_control_body_bytes,
+        )
         config = uvicorn.Config(
             http_app,
             host=s.host,
             port=s.http_port,
             loop="none",
-            http="httptools",
+            # httptools, plus a deadline for request heads and a connection cap.
+            http=guarded_protocol(limits.header_timeout_s, limits.max_connections),
+            # Counted with the connection being answered: 503 once over the cap.
+            limit_concurrency=limits.max_connections + 1,
             lifespan="off",
             log_level="warning",
             access_log=False,
-            timeout_keep_alive=30,
+            timeout_keep_alive=limits.keep_alive_timeout_s,
             # No proxy-header rewriting, Server or Date headers: work per response that
             # no inference client needs.
             proxy_headers=False,
@@ -219,7 +229,12 @@ class App:
             return
         s = self.settings
         self._grpc, self.grpc_port = await start_grpc_server(
-            self.dataplane, s.host, s.grpc_port or 0, s.max_request_bytes
+            self.dataplane,
+            s.host,
+            s.grpc_port or 0,
+            s.max_request_bytes,
+            max_concurrent_streams=s.limits.grpc_max_concurrent_streams,
+            max_connection_idle_s=s.limits.grpc_max_connection_idle_s,
         )
 
     async def _sample_memory(self) -> None:

@@ -16,12 +16,20 @@ def _address(host: str, port: int) -> str:
 
 
 async def start_grpc_server(
-    dataplane: DataPlaneProtocol, host: str, port: int, max_message_bytes: int
+    dataplane: DataPlaneProtocol,
+    host: str,
+    port: int,
+    max_message_bytes: int,
+    *,
+    max_concurrent_streams: int = 128,
+    max_connection_idle_s: float = 300.0,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the KServe v2 gRPC server on ``host:port`` and return it with its bound port.
 
     ``port`` 0 picks a free port. Messages over ``max_message_bytes`` either way are
-    refused by gRPC itself with RESOURCE_EXHAUSTED. Must run on the server's event loop.
+    refused by gRPC itself with RESOURCE_EXHAUSTED. One connection may have at most
+    ``max_concurrent_streams`` RPCs open, and a connection without RPCs for
+    ``max_connection_idle_s`` is closed. Must run on the server's event loop.
     """
     if max_message_bytes <= 0:
         raise ValueError(f"max_message_bytes must be positive, got {max_message_bytes}")
@@ -31,6 +39,8 @@ async def start_grpc_server(
             ("grpc.max_receive_message_length", max_message_bytes),
             # Without this, Linux lets a second server bind the same port silently.
             ("grpc.so_reuseport", 0),
+            ("grpc.max_concurrent_streams", max_concurrent_streams),
+            ("grpc.max_connection_idle_ms", int(max_connection_idle_s * 1000)),
         ]
     )
     # The generated registration function has no annotations (protoc emits no stubs for it).
