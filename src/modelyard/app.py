@@ -19,7 +19,12 @@ from prometheus_client import CollectorRegistry
 
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import ServerSettings
-from modelyard.errors import DeadlineExceededError, ModelNotReadyError, ServerError
+from modelyard.errors import (
+    DeadlineExceededError,
+    ModelNotReadyError,
+    ServerError,
+    hide_path_prefix,
+)
 from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.app import create_app
 from modelyard.frontends.http.connections import guarded_protocol
@@ -59,6 +64,13 @@ class App:
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
+        # Error messages show model files relative to these folders, never absolutely.
+        root = settings.repository_root
+        hide_path_prefix(str(root))
+        for model in settings.models:
+            folder = settings.model_path(model)
+            if not folder.is_relative_to(root):
+                hide_path_prefix(str(folder.parent))
         self.metrics = Metrics(CollectorRegistry())
         """Every Prometheus metric of this server; served at ``/metrics``."""
         self.manager = ModelManager(

@@ -22,6 +22,7 @@ from modelyard.errors import (
     ModelNotReadyError,
     PayloadTooLargeError,
     ServerError,
+    hide_paths,
 )
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord
@@ -306,7 +307,7 @@ class DataPlane:
                     "name": record.key.name,
                     "version": record.key.version,
                     "state": state.value,
-                    "reason": record.reason,
+                    "reason": hide_paths(record.reason),
                 }
             )
         return rows
