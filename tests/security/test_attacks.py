@@ -124,7 +124,7 @@ async def site(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Site]:
         try:
             yield s
         finally:
-            await channel.close()
+            await channel.close(None)
 
 
 # ---------------------------------------------------------------------- probes
