@@ -119,6 +119,7 @@ class App:
             record.config,
             supports_batching=info.supports_batching,
             breaker=BreakerConfig(**record.config.breaker.model_dump()),
+            max_batch_elements=self.settings.limits.max_request_elements,
         )
 
         async def execute(batch: dict[str, np.ndarray], deadline: float) -> dict[str, np.ndarray]:
@@ -247,6 +248,7 @@ class App:
             s.max_request_bytes,
             max_concurrent_streams=s.limits.grpc_max_concurrent_streams,
             max_connection_idle_s=s.limits.grpc_max_connection_idle_s,
+            max_concurrent_rpcs=s.limits.grpc_max_concurrent_rpcs,
         )
 
     async def _sample_memory(self) -> None:

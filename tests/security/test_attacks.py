@@ -269,6 +269,16 @@ ATTACKS = [
         {"options": {"inputs": "x:FP32:-1x4"}},
         error="remote_load.allow_runtime_options",
     ),
+    Attack("unknown-device", "load", "m3", {"device": "cuda:7"}, error="does not have"),
+    Attack(
+        "default-version-that-does-not-exist",
+        "load",
+        "m4",
+        {"default_version": "99"},
+        status=404,
+        grpc_code=grpc.StatusCode.NOT_FOUND,
+        error="no version folder '99'",
+    ),
     Attack("dotdot-as-model-name", "load", "..", error="is not allowed"),
     Attack(
         "traversal-in-model-name",

@@ -37,6 +37,9 @@ class LimitsConfig(BaseModel):
     oldest connection still waiting for its request head (a slow or silent client);
     if every connection is busy, requests are answered 503. Keep it well under the
     process's file limit (``ulimit -n``) so that accepting never fails."""
+    grpc_max_concurrent_rpcs: PositiveInt = 1024
+    """RPCs the gRPC server runs at once, all connections together; beyond it, new RPCs
+    are answered RESOURCE_EXHAUSTED."""
     grpc_max_concurrent_streams: PositiveInt = 128
     """Concurrent RPCs one gRPC connection may have open."""
     grpc_max_connection_idle_s: float = Field(default=300.0, gt=0)

@@ -206,10 +206,18 @@ class ModelManager:
                 f"model {name!r} has no version folders (<model>/<version>/…) in "
                 f"{shown_path(root, folder)}"
             )
-        entry = self.add_model(model_config)
-        if not entry.versions:  # the folder changed under us: register nothing
-            self._restore(name, existing)
-            raise ModelNotFoundError(f"model {name!r} has no version folders")
+        if model_config.device not in {d.name for d in self._settings.devices}:
+            raise InvalidInputError(
+                f"config for model {name!r} names device {model_config.device!r}, which this "
+                "server does not have"
+            )
+        try:
+            entry = self.add_model(model_config)
+            if not entry.versions:  # the folder changed under us
+                raise ModelNotFoundError(f"model {name!r} has no version folders")
+        except BaseException:
+            self._restore(name, existing)  # register nothing (a bad default_version, ...)
+            raise
         self.events.add("discovered", next(iter(entry.versions.values())).key, "added by load")
         return entry
 

@@ -23,17 +23,20 @@ async def start_grpc_server(
     *,
     max_concurrent_streams: int = 128,
     max_connection_idle_s: float = 300.0,
+    max_concurrent_rpcs: int | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the KServe v2 gRPC server on ``host:port`` and return it with its bound port.
 
     ``port`` 0 picks a free port. Messages over ``max_message_bytes`` either way are
     refused by gRPC itself with RESOURCE_EXHAUSTED. One connection may have at most
-    ``max_concurrent_streams`` RPCs open, and a connection without RPCs for
-    ``max_connection_idle_s`` is closed. Must run on the server's event loop.
+    ``max_concurrent_streams`` RPCs open, the server runs at most
+    ``max_concurrent_rpcs`` at once (RESOURCE_EXHAUSTED beyond), and a connection
+    without RPCs for ``max_connection_idle_s`` is closed. Must run on the server's event loop.
     """
     if max_message_bytes <= 0:
         raise ValueError(f"max_message_bytes must be positive, got {max_message_bytes}")
     server = grpc.aio.server(
+        maximum_concurrent_rpcs=max_concurrent_rpcs,
         options=[
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
