@@ -183,7 +183,9 @@ class App:
             port=s.http_port,
             loop="none",
             # httptools, plus a deadline for request heads and a connection cap.
-            http=guarded_protocol(limits.header_timeout_s, limits.max_connections),
+            http=guarded_protocol(
+                limits.header_timeout_s, limits.max_connections, limits.body_idle_timeout_s
+            ),
             # Counted with the connection being answered: 503 once over the cap.
             limit_concurrency=limits.max_connections + 1,
             lifespan="off",

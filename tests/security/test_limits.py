@@ -33,6 +33,7 @@ BOUNDS = {
     "max_response_bytes": RESPONSE_BYTES,
     "max_control_body_bytes": 1024,
     "header_timeout_s": 0.5,
+    "body_idle_timeout_s": 0.5,
 }
 
 
@@ -162,6 +163,22 @@ async def test_silent_and_slow_request_heads_are_closed(
         drip.cancel()
         silent_w.close()
         slow_w.close()
+    await good_request(client)
+
+
+async def test_a_stalled_request_body_is_closed(bounded: tuple[App, httpx.AsyncClient]) -> None:
+    app, client = bounded
+    reader, writer = await asyncio.open_connection("127.0.0.1", app.http_port)
+    # A complete head, part of the body, then nothing: the request never completes.
+    writer.write(
+        b"POST /v2/repository/models/add/aliases/blue HTTP/1.1\r\nHost: x\r\n"
+        b'Content-Length: 100\r\n\r\n{"version"'
+    )
+    started = time.monotonic()
+    data = await asyncio.wait_for(reader.read(), 5.0)
+    assert time.monotonic() - started < 3.0
+    assert b" 200 " not in data
+    writer.close()
     await good_request(client)
 
 

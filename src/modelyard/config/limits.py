@@ -30,6 +30,8 @@ class LimitsConfig(BaseModel):
     header_timeout_s: float = Field(default=10.0, gt=0)
     """An HTTP connection must send a complete request head within this long of opening
     (or of its first byte, between keep-alive requests); otherwise it is closed."""
+    body_idle_timeout_s: float = Field(default=30.0, gt=0)
+    """A request body that stops arriving for this long closes its connection."""
     keep_alive_timeout_s: PositiveInt = 30
     """An idle keep-alive HTTP connection is closed after this long."""
     max_connections: PositiveInt = 512

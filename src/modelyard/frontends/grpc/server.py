@@ -44,7 +44,7 @@ async def start_grpc_server(
             ("grpc.so_reuseport", 0),
             ("grpc.max_concurrent_streams", max_concurrent_streams),
             ("grpc.max_connection_idle_ms", int(max_connection_idle_s * 1000)),
-        ]
+        ],
     )
     # The generated registration function has no annotations (protoc emits no stubs for it).
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]

@@ -9,6 +9,8 @@ subclass of uvicorn's httptools protocol (independent of the ASGI app), adds:
 * a **head deadline**: from the moment a connection opens (or a new request's first
   byte arrives on a kept-alive one), the complete request head must arrive within
   ``header_timeout_s``, or the connection is closed;
+* a **body idle timeout**: a request whose body stops arriving for ``body_idle_timeout_s``
+  closes its connection (a timer is armed only for bodies that span several reads);
 * a **connection cap**: when a new connection takes the count over
   ``max_connections``, the oldest connection that is not in a request (still waiting
   for its head, or idle between keep-alive requests) is closed to make room; if every
@@ -28,7 +30,9 @@ def overflow_connections(max_connections: int) -> int:
     return max(16, max_connections // 8)
 
 
-def guarded_protocol(header_timeout_s: float, max_connections: int) -> type[asyncio.Protocol]:
+def guarded_protocol(
+    header_timeout_s: float, max_connections: int, body_idle_timeout_s: float = 30.0
+) -> type[asyncio.Protocol]:
     """A protocol class for one server (its own record of connections not in a request)."""
     hard_cap = max_connections + overflow_connections(max_connections)
     # Connections not in a request, oldest first (dicts keep insertion order).
@@ -38,6 +42,8 @@ def guarded_protocol(header_timeout_s: float, max_connections: int) -> type[asyn
         """uvicorn's httptools protocol with a head deadline and a connection cap."""
 
         _head_timer: asyncio.TimerHandle | None = None
+        _body_timer: asyncio.TimerHandle | None = None
+        _last_data_at = 0.0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             """Count the connection, make room if over the cap, start the head deadline."""
@@ -49,10 +55,39 @@ def guarded_protocol(header_timeout_s: float, max_connections: int) -> type[asyn
             self._await_head()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            """Forget the connection and its deadline."""
+            """Forget the connection and its deadlines."""
             waiting.pop(self, None)
             self._cancel_head_timer()
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
             super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            """Feed the parser; watch a body that is still to come for stalls."""
+            self._last_data_at = self.loop.time()
+            super().data_received(data)
+            cycle = self.cycle
+            if (
+                self._body_timer is None
+                and cycle is not None
+                and cycle.more_body
+                and not cycle.response_complete
+            ):
+                self._body_timer = self.loop.call_later(body_idle_timeout_s, self._body_stalled)
+
+        def _body_stalled(self) -> None:
+            self._body_timer = None
+            cycle = self.cycle
+            if cycle is None or not cycle.more_body or cycle.response_complete:
+                return
+            idle = self.loop.time() - self._last_data_at
+            if idle >= body_idle_timeout_s:
+                self._close()
+            else:
+                self._body_timer = self.loop.call_later(
+                    body_idle_timeout_s - idle, self._body_stalled
+                )
 
         def on_message_begin(self) -> None:
             """A request's first byte: its head is now due within the deadline."""
