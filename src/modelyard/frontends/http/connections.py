@@ -52,7 +52,8 @@ def guarded_protocol(
             if crowded and not self._displace_one() and len(self.connections) > hard_cap:
                 transport.abort()
                 return
-            self._await_head()
+            waiting[self] = None
+            self._head_timer = self.loop.call_later(header_timeout_s, self._head_too_late)
 
         def connection_lost(self, exc: Exception | None) -> None:
             """Forget the connection and its deadlines."""
@@ -64,9 +65,15 @@ def guarded_protocol(
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            """Feed the parser; watch a body that is still to come for stalls."""
+            """Feed the parser; time a head or a body that is still to come."""
             self._last_data_at = self.loop.time()
             super().data_received(data)
+            if self in waiting:
+                # Part of a head (a whole one would have left ``waiting``): it is due
+                # within the deadline. Heads that arrive in one read never arm a timer.
+                if self._head_timer is None:
+                    self._head_timer = self.loop.call_later(header_timeout_s, self._head_too_late)
+                return
             cycle = self.cycle
             if (
                 self._body_timer is None
@@ -89,11 +96,6 @@ def guarded_protocol(
                     body_idle_timeout_s - idle, self._body_stalled
                 )
 
-        def on_message_begin(self) -> None:
-            """A request's first byte: its head is now due within the deadline."""
-            super().on_message_begin()
-            self._await_head()
-
         def on_headers_complete(self) -> None:
             """The head arrived in time: the connection is busy with a request."""
             waiting.pop(self, None)
@@ -103,13 +105,9 @@ def guarded_protocol(
         def on_response_complete(self) -> None:
             """Idle again (keep-alive): displaceable, and uvicorn's idle timeout runs."""
             super().on_response_complete()
-            if not self.transport.is_closing() and not self.pipeline:
+            cycle = self.cycle  # a pipelined request may have started meanwhile
+            if not self.transport.is_closing() and (cycle is None or cycle.response_complete):
                 waiting[self] = None
-
-        def _await_head(self) -> None:
-            waiting.setdefault(self, None)
-            if self._head_timer is None:
-                self._head_timer = self.loop.call_later(header_timeout_s, self._head_too_late)
 
         def _cancel_head_timer(self) -> None:
             if self._head_timer is not None:
