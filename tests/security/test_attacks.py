@@ -332,6 +332,30 @@ ATTACKS = [
         error="is not allowed",
     ),
     Attack(
+        "long-name-in-metadata-url",
+        "raw",
+        raw_path="/v2/models/" + "a" * 200,
+        raw_method="GET",
+        grpc_code=None,
+        error="at most 128",
+    ),
+    Attack(
+        "traversal-in-predict-body",
+        "raw",
+        raw_path="/predict",
+        raw_body=b'{"model": "../../etc", "inputs": {"input": [[0, 0, 0, 0]]}}',
+        grpc_code=None,
+        error="is not allowed",
+    ),
+    Attack(
+        "traversal-in-alias-url",
+        "raw",
+        raw_path="/v2/repository/models/%2E%2E/aliases/blue",
+        raw_body=b'{"version": "1"}',
+        grpc_code=None,
+        error="is not allowed",
+    ),
+    Attack(
         "300-MB-alias-body-declared",
         "raw",
         raw_path="/v2/repository/models/add/aliases/blue",
@@ -439,6 +463,23 @@ async def test_attack_over_grpc_is_refused(site: Site, attack: Attack) -> None:
     assert_no_paths(site, details)
     assert site.server.manager.entries == before, "a refused load left a registration"
     assert not site.marker.exists(), "the pickle ran"
+    await assert_still_serving(site)
+
+
+@pytest.mark.parametrize("name", ["..", "../../etc", "a" * 200, "x/y", "%2E%2E"])
+async def test_bad_names_in_grpc_metadata_and_ready_are_invalid_argument(
+    site: Site, name: str
+) -> None:
+    for call in (
+        site.stub.ModelReady(pb.ModelReadyRequest(name=name), timeout=10),
+        site.stub.ModelMetadata(pb.ModelMetadataRequest(name=name), timeout=10),
+        site.stub.RepositoryModelUnload(
+            pb.RepositoryModelUnloadRequest(model_name=name), timeout=10
+        ),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     await assert_still_serving(site)
 
 

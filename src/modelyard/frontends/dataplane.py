@@ -147,8 +147,10 @@ class DataPlane:
         started = time.monotonic()
         metrics = self.metrics
         try:
-            check_model_name(request.model_name)
-            request.model_version = check_version_name(request.model_version)
+            if request.model_name not in self.manager.entries:  # known names were checked
+                check_model_name(request.model_name)
+            if request.model_version:
+                check_version_name(request.model_version)
             # A backstop for callers that built arrays themselves (/predict); the
             # decoders already counted the declared shapes before allocating.
             total = 0
