@@ -251,6 +251,7 @@ class App:
             max_concurrent_streams=s.limits.grpc_max_concurrent_streams,
             max_connection_idle_s=s.limits.grpc_max_connection_idle_s,
             max_concurrent_rpcs=s.limits.grpc_max_concurrent_rpcs,
+            handshake_timeout_s=s.limits.header_timeout_s,
         )
 
     async def _sample_memory(self) -> None:

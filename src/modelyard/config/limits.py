@@ -29,7 +29,8 @@ class LimitsConfig(BaseModel):
     RESOURCE_EXHAUSTED) rather than sending a partial body."""
     header_timeout_s: float = Field(default=10.0, gt=0)
     """An HTTP connection must send a complete request head within this long of opening
-    (or of its first byte, between keep-alive requests); otherwise it is closed."""
+    (or of its first byte, between keep-alive requests); otherwise it is closed. A gRPC
+    connection must complete its HTTP/2 handshake within it too."""
     body_idle_timeout_s: float = Field(default=30.0, gt=0)
     """A request body that stops arriving for this long closes its connection."""
     keep_alive_timeout_s: PositiveInt = 30

@@ -24,6 +24,7 @@ async def start_grpc_server(
     max_concurrent_streams: int = 128,
     max_connection_idle_s: float = 300.0,
     max_concurrent_rpcs: int | None = None,
+    handshake_timeout_s: float = 10.0,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the KServe v2 gRPC server on ``host:port`` and return it with its bound port.
 
@@ -31,7 +32,9 @@ async def start_grpc_server(
     refused by gRPC itself with RESOURCE_EXHAUSTED. One connection may have at most
     ``max_concurrent_streams`` RPCs open, the server runs at most
     ``max_concurrent_rpcs`` at once (RESOURCE_EXHAUSTED beyond), and a connection
-    without RPCs for ``max_connection_idle_s`` is closed. Must run on the server's event loop.
+    without RPCs for ``max_connection_idle_s`` is closed, as is one that has not
+    completed its HTTP/2 handshake within ``handshake_timeout_s`` (a silent client).
+    Must run on the server's event loop.
     """
     if max_message_bytes <= 0:
         raise ValueError(f"max_message_bytes must be positive, got {max_message_bytes}")
@@ -44,6 +47,7 @@ async def start_grpc_server(
             ("grpc.so_reuseport", 0),
             ("grpc.max_concurrent_streams", max_concurrent_streams),
             ("grpc.max_connection_idle_ms", int(max_connection_idle_s * 1000)),
+            ("grpc.server_handshake_timeout_ms", max(1, int(handshake_timeout_s * 1000))),
         ],
     )
     # The generated registration function has no annotations (protoc emits no stubs for it).
