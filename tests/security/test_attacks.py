@@ -552,3 +552,78 @@ async def test_model_control_mode_none_refuses_load_and_unload(tmp_path: Path) -
             assert "model_control_mode" in r.json()["error"]
         assert set(app.manager.entries) == {"add"}
         assert (await client.post("/v2/models/add/infer", json=BODY)).status_code == 200
+
+
+ECHO_MODEL = """
+import numpy as np
+from modelyard.runtimes.base import TensorSpec
+
+
+class Echo:
+    inputs = [TensorSpec("x", "FP32", (-1, 1))]
+    outputs = [TensorSpec("y", "FP32", (-1, 1))]
+
+    def predict(self, inputs):
+        return {"y": inputs["x"]}
+"""
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_each_power_is_granted_by_its_own_flag_and_never_leaves_the_repository(
+    tmp_path: Path,
+) -> None:
+    s = _build(tmp_path)
+    (s.root / "echo" / "1").mkdir(parents=True)
+    (s.root / "echo" / "1" / "echo_model.py").write_text(ECHO_MODEL, encoding="utf-8")
+    cfg = write_config(
+        s.tmp,
+        [{"name": "add", "path": "add", "isolation": "inline"}],
+        model_repository=str(s.root),
+        remote_load={"allow_code": True, "allow_inline": True, "allow_other_folder": True},
+    )
+    python = {"runtime": "python", "class": "echo_model:Echo", "isolation": "inline"}
+    async with running_server(cfg) as (app, client):
+        r = await client.post(
+            "/v2/repository/models/echo/load", json={"parameters": {"config": python}}
+        )
+        assert r.status_code == 200, r.text
+        x = {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [7]}]}
+        r = await client.post("/v2/models/echo/infer", json=x)
+        assert r.json()["outputs"][0]["data"] == [7.0]
+        # Another folder of the repository is allowed now; outside it never is.
+        r = await client.post(
+            "/v2/repository/models/other/load",
+            json={"parameters": {"config": {**python, "path": "echo"}}},
+        )
+        assert r.status_code == 200, r.text
+        for path in ("../outside", str(s.outside), "escape"):
+            evil = {"path": path, "runtime": "python", "class": "evil:Evil"}
+            r = await client.post(
+                "/v2/repository/models/evil/load", json={"parameters": {"config": evil}}
+            )
+            assert r.status_code == 400, r.text
+            assert_no_paths(s, r.json()["error"])
+        # Flags not given stay off.
+        r = await client.post(
+            "/v2/repository/models/m0/load", json={"parameters": {"config": {"pinned": True}}}
+        )
+        assert r.status_code == 400
+        assert "remote_load.allow_pinned" in r.json()["error"]
+        assert "evil" not in app.manager.entries
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_remote_load_disabled_keeps_to_the_declared_models(tmp_path: Path) -> None:
+    s = _build(tmp_path)
+    cfg = write_config(
+        s.tmp,
+        [{"name": "add", "path": "add", "isolation": "inline"}],
+        model_repository=str(s.root),
+        remote_load={"enabled": False},
+    )
+    async with running_server(cfg) as (app, client):
+        r = await client.post("/v2/repository/models/add2/load")
+        assert r.status_code == 400
+        assert "remote_load.enabled" in r.json()["error"]
+        assert (await client.post("/v2/repository/models/add/load")).status_code == 200
+        assert set(app.manager.entries) == {"add"}
