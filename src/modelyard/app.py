@@ -27,7 +27,7 @@ from modelyard.errors import (
 )
 from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.app import create_app
-from modelyard.frontends.http.connections import guarded_protocol
+from modelyard.frontends.http.connections import guarded_protocol, overflow_connections
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.poller import RepositoryPoller
 from modelyard.manager.records import ModelRecord
@@ -44,6 +44,28 @@ log = logging.getLogger("modelyard")
 # The request path allocates short-lived objects by the thousand; a larger young
 # generation keeps collections rare without letting garbage pile up.
 _GC_GEN0_THRESHOLD = 20_000
+
+
+# Descriptors the server needs besides client connections: listening sockets, the
+# workers' socket pairs and shared-memory regions, log files, the gRPC core.
+_SPARE_DESCRIPTORS = 256
+
+
+def _check_descriptor_room(max_connections: int) -> None:
+    """Warn when the file limit cannot hold the connection cap plus the server's own."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = max_connections + overflow_connections(max_connections) + _SPARE_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "the file limit (ulimit -n) is %d but limits.max_connections=%d needs about %d; "
+            "lower limits.max_connections or raise the limit, or accepting connections "
+            "can fail for every client",
+            soft,
+            max_connections,
+            needed,
+        )
 
 
 class StartupError(RuntimeError):
@@ -170,6 +192,7 @@ class App:
         self._worker_factory = WorkerFactory()
         await self._worker_factory.start()
         log.info("worker memory limits: %s", self._worker_factory.memory_limit_backend)
+        _check_descriptor_room(s.limits.max_connections)
         limits = s.limits
         http_app = create_app(
             self.dataplane,
