@@ -680,8 +680,9 @@ class ModelManager:
             record = self.resolve(name, version)
             return await self.ensure_ready(record, deadline=None, cold_start=False)
         except ServerError:
-            if registers and not any(
-                r.state in RESIDENT for r in self.entries[name].versions.values()
+            current = self.entries.get(name)
+            if registers and (
+                current is None or not any(r.state in RESIDENT for r in current.versions.values())
             ):
                 self._restore(name, previous)
             raise
