@@ -574,14 +574,14 @@ async def test_each_power_is_granted_by_its_own_flag_and_never_leaves_the_reposi
 ) -> None:
     s = _build(tmp_path)
     (s.root / "echo" / "1").mkdir(parents=True)
-    (s.root / "echo" / "1" / "echo_model.py").write_text(ECHO_MODEL, encoding="utf-8")
+    (s.root / "echo" / "1" / "security_echo_model.py").write_text(ECHO_MODEL, encoding="utf-8")
     cfg = write_config(
         s.tmp,
         [{"name": "add", "path": "add", "isolation": "inline"}],
         model_repository=str(s.root),
         remote_load={"allow_code": True, "allow_inline": True, "allow_other_folder": True},
     )
-    python = {"runtime": "python", "class": "echo_model:Echo", "isolation": "inline"}
+    python = {"runtime": "python", "class": "security_echo_model:Echo", "isolation": "inline"}
     async with running_server(cfg) as (app, client):
         r = await client.post(
             "/v2/repository/models/echo/load", json={"parameters": {"config": python}}
