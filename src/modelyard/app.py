@@ -51,13 +51,35 @@ _GC_GEN0_THRESHOLD = 20_000
 _SPARE_DESCRIPTORS = 256
 
 
-def _check_descriptor_room(max_connections: int) -> None:
-    """Warn when the file limit cannot hold the connection cap plus the server's own."""
+def _accept_batch(max_connections: int) -> int:
+    """The listen backlog, which is also how many connections asyncio accepts in one go.
+
+    Connections over the cap are closed only after they are accepted, so one batch must
+    fit in the descriptors left above the cap (uvicorn's default of 2,048 would not).
+    """
+    return max(64, min(2048, max_connections // 4))
+
+
+def _ensure_descriptor_room(max_connections: int) -> None:
+    """Raise the soft file limit to what the connection cap needs, or warn if it cannot."""
     import resource
 
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = max_connections + overflow_connections(max_connections) + _SPARE_DESCRIPTORS
-    if soft != resource.RLIM_INFINITY and soft < needed:
+    needed = (
+        max_connections
+        + overflow_connections(max_connections)
+        + _accept_batch(max_connections)
+        + _SPARE_DESCRIPTORS
+    )
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    raised = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+    if raised > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            log.info("raised the soft file limit from %d to %d", soft, raised)
+            soft = raised
+    if soft < needed:
         log.warning(
             "the file limit (ulimit -n) is %d but limits.max_connections=%d needs about %d; "
             "lower limits.max_connections or raise the limit, or accepting connections "
@@ -192,7 +214,7 @@ class App:
         self._worker_factory = WorkerFactory()
         await self._worker_factory.start()
         log.info("worker memory limits: %s", self._worker_factory.memory_limit_backend)
-        _check_descriptor_room(s.limits.max_connections)
+        _ensure_descriptor_room(s.limits.max_connections)
         limits = s.limits
         http_app = create_app(
             self.dataplane,
@@ -211,6 +233,7 @@ class App:
             ),
             # Counted with the connection being answered: 503 once over the cap.
             limit_concurrency=limits.max_connections + 1,
+            backlog=_accept_batch(limits.max_connections),
             lifespan="off",
             log_level="warning",
             access_log=False,

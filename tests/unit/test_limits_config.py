@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from modelyard.app import _check_descriptor_room
+from modelyard.app import _ensure_descriptor_room
 from modelyard.config.settings import ConfigError, load_settings
 from tests.servers import write_config
 
@@ -51,12 +51,17 @@ def test_mistakes_in_the_blocks_name_the_field(
     assert f"{block}.{next(iter(bad))}" in str(info.value)
 
 
-def test_a_connection_cap_over_the_file_limit_is_warned_about(
+def test_the_file_limit_is_raised_for_the_cap_or_the_cap_is_warned_about(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    with caplog.at_level(logging.WARNING, logger="modelyard"):
-        _check_descriptor_room(64)
-        assert not caplog.records
-        _check_descriptor_room(soft)
-    assert "limits.max_connections" in caplog.text
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        with caplog.at_level(logging.WARNING, logger="modelyard"):
+            _ensure_descriptor_room(512)  # needs about 512 + 64 + 128 + 256
+            assert not caplog.records
+            assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 512 + 64 + 128 + 256
+            _ensure_descriptor_room(hard)  # more than the hard limit allows
+        assert "limits.max_connections" in caplog.text
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
