@@ -108,6 +108,9 @@ def _build(tmp: Path) -> Site:
     (outside / "1" / "evil.py").write_text(EVIL_MODEL, encoding="utf-8")
     # A folder of the repository that is a symlink to the outside folder.
     (root / "escape").symlink_to(outside, target_is_directory=True)
+    # A model folder inside the repository whose version folder links outside.
+    (root / "vlink").mkdir()
+    (root / "vlink" / "1").symlink_to(outside / "1", target_is_directory=True)
     return Site(tmp=tmp, root=root, outside=outside, marker=marker)
 
 
@@ -259,6 +262,13 @@ ATTACKS = [
         "load",
         "boom",
         {"path": "escape/../escape"},
+        error="outside the model repository",
+    ),
+    Attack(
+        "symlinked-version-folder",
+        "load",
+        "vlink",
+        {"runtime": "onnx"},
         error="outside the model repository",
     ),
     Attack("unknown-config-field", "load", "boom", {"shell": "sh"}, error="cannot be set"),

@@ -201,11 +201,14 @@ class ModelManager:
         check_config(model_config, folder, own_folder, policy)
         if not folder.is_dir():
             raise ModelNotFoundError(f"model {name!r} is not in the repository")
-        if not served_versions(folder, model_config.version_policy):
+        versions = served_versions(folder, model_config.version_policy)
+        if not versions:
             raise ModelNotFoundError(
                 f"model {name!r} has no version folders (<model>/<version>/…) in "
                 f"{shown_path(root, folder)}"
             )
+        for v in versions:  # a version folder may be a symlink too
+            folder_in_repository(root, str(folder.relative_to(root) / str(v)), f"model {name!r}")
         if model_config.device not in {d.name for d in self._settings.devices}:
             raise InvalidInputError(
                 f"config for model {name!r} names device {model_config.device!r}, which this "
