@@ -21,10 +21,16 @@ from prometheus_client import CollectorRegistry
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.security import SecurityError, check_exposure
 from modelyard.config.settings import ServerSettings
-from modelyard.errors import DeadlineExceededError, ModelNotReadyError, ServerError
+from modelyard.errors import (
+    DeadlineExceededError,
+    ModelNotReadyError,
+    ServerError,
+    hide_path_prefix,
+)
 from modelyard.frontends.auth import Authorizer
 from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.app import create_app
+from modelyard.frontends.http.connections import guarded_protocol, overflow_connections
 from modelyard.frontends.http.tls import uvicorn_tls_options
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.poller import RepositoryPoller
@@ -42,6 +48,50 @@ log = logging.getLogger("modelyard")
 # The request path allocates short-lived objects by the thousand; a larger young
 # generation keeps collections rare without letting garbage pile up.
 _GC_GEN0_THRESHOLD = 20_000
+
+
+# Descriptors the server needs besides client connections: listening sockets, the
+# workers' socket pairs and shared-memory regions, log files, the gRPC core.
+_SPARE_DESCRIPTORS = 256
+
+
+def _accept_batch(max_connections: int) -> int:
+    """The listen backlog, which is also how many connections asyncio accepts in one go.
+
+    Connections over the cap are closed only after they are accepted, so one batch must
+    fit in the descriptors left above the cap (uvicorn's default of 2,048 would not).
+    """
+    return max(64, min(2048, max_connections // 4))
+
+
+def _ensure_descriptor_room(max_connections: int) -> None:
+    """Raise the soft file limit to what the connection cap needs, or warn if it cannot."""
+    import resource
+
+    needed = (
+        max_connections
+        + overflow_connections(max_connections)
+        + _accept_batch(max_connections)
+        + _SPARE_DESCRIPTORS
+    )
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    raised = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+    if raised > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            log.info("raised the soft file limit from %d to %d", soft, raised)
+            soft = raised
+    if soft < needed:
+        log.warning(
+            "the file limit (ulimit -n) is %d but limits.max_connections=%d needs about %d; "
+            "lower limits.max_connections or raise the limit, or accepting connections "
+            "can fail for every client",
+            soft,
+            max_connections,
+            needed,
+        )
 
 
 class StartupError(RuntimeError):
@@ -62,6 +112,13 @@ class App:
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
+        # Error messages show model files relative to these folders, never absolutely.
+        root = settings.repository_root
+        hide_path_prefix(str(root))
+        for model in settings.models:
+            folder = settings.model_path(model)
+            if not folder.is_relative_to(root):
+                hide_path_prefix(str(folder.parent))
         self.metrics = Metrics(CollectorRegistry())
         """Every Prometheus metric of this server; served at ``/metrics``."""
         self.manager = ModelManager(
@@ -78,7 +135,7 @@ class App:
             )
         self.manager.events.listeners.append(self.metrics.on_event)
         self.metrics.bind(self.manager)
-        self.dataplane = DataPlane(self.manager, self.metrics)
+        self.dataplane = DataPlane(self.manager, self.metrics, settings.limits)
         self._http: uvicorn.Server | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._grpc: Any = None
@@ -113,6 +170,7 @@ class App:
             record.config,
             supports_batching=info.supports_batching,
             breaker=BreakerConfig(**record.config.breaker.model_dump()),
+            max_batch_elements=self.settings.limits.max_request_elements,
         )
 
         async def execute(batch: dict[str, np.ndarray], deadline: float) -> dict[str, np.ndarray]:
@@ -172,19 +230,31 @@ class App:
         self._worker_factory = WorkerFactory()
         await self._worker_factory.start()
         log.info("worker memory limits: %s", self._worker_factory.memory_limit_backend)
+        _ensure_descriptor_room(s.limits.max_connections)
+        limits = s.limits
         http_app = create_app(
-            self.dataplane, s.max_request_bytes, self.extra_routes(), self.authorizer
+            self.dataplane,
+            s.max_request_bytes,
+            self.extra_routes(),
+            self.authorizer,
+            max_control_body_bytes=limits.max_control_body_bytes,
         )
         config = uvicorn.Config(
             http_app,
             host=s.host,
             port=s.http_port,
             loop="none",
-            http="httptools",
+            # httptools, plus a deadline for request heads and a connection cap.
+            http=guarded_protocol(
+                limits.header_timeout_s, limits.max_connections, limits.body_idle_timeout_s
+            ),
+            # Counted with the connection being answered: 503 once over the cap.
+            limit_concurrency=limits.max_connections + 1,
+            backlog=_accept_batch(limits.max_connections),
             lifespan="off",
             log_level="warning",
             access_log=False,
-            timeout_keep_alive=30,
+            timeout_keep_alive=limits.keep_alive_timeout_s,
             # No proxy-header rewriting, Server or Date headers: work per response that
             # no inference client needs.
             proxy_headers=False,
@@ -257,6 +327,10 @@ class App:
             s.max_request_bytes,
             authorizer=self.authorizer,
             credentials=credentials,
+            max_concurrent_streams=s.limits.grpc_max_concurrent_streams,
+            max_connection_idle_s=s.limits.grpc_max_connection_idle_s,
+            max_concurrent_rpcs=s.limits.grpc_max_concurrent_rpcs,
+            handshake_timeout_s=s.limits.header_timeout_s,
         )
 
     async def _sample_memory(self) -> None:

@@ -32,6 +32,31 @@ class ErrorCode(StrEnum):
     INTERNAL = "internal"
 
 
+_HIDDEN_PREFIXES: list[str] = []
+"""Folder prefixes removed from every error message, longest first."""
+
+
+def hide_path_prefix(folder: str) -> None:
+    """Show paths under ``folder`` relative to it in every later error message.
+
+    The app registers the model repository (and the parents of models declared
+    outside it), so a client reads ``corrupt/1/model.onnx``, never the server's layout,
+    even in messages that runtimes or worker processes wrote.
+    """
+    prefix = folder.rstrip("/") + "/"
+    if prefix != "/" and prefix not in _HIDDEN_PREFIXES:
+        _HIDDEN_PREFIXES.append(prefix)
+        _HIDDEN_PREFIXES.sort(key=len, reverse=True)
+
+
+def hide_paths(text: str) -> str:
+    """``text`` with the registered folder prefixes removed."""
+    for prefix in _HIDDEN_PREFIXES:
+        if prefix in text:
+            text = text.replace(prefix, "")
+    return text
+
+
 class ServerError(Exception):
     """Base of every error the server reports to a client."""
 
@@ -39,6 +64,7 @@ class ServerError(Exception):
     retryable: ClassVar[bool] = False
 
     def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        message = hide_paths(message)
         super().__init__(message)
         self.message = message
         self.retry_after_s = retry_after_s

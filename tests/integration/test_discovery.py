@@ -16,7 +16,12 @@ BODY = {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data"
 async def test_a_new_model_folder_is_loaded_and_served_without_a_restart(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     build_add_onnx(repo / "known" / "1" / "model.onnx", 1.0)
-    cfg = write_config(tmp_path, [{"name": "known", "path": "known"}], model_repository=str(repo))
+    cfg = write_config(
+        tmp_path,
+        [{"name": "known", "path": "known"}],
+        model_repository=str(repo),
+        remote_load={"allow_inline": True},
+    )
     async with running_server(cfg) as (app, client):
         assert (await client.post("/v2/models/fresh/infer", json=BODY)).status_code == 404
         # A user copies a model into the repository while the server runs ...
@@ -56,6 +61,7 @@ async def test_a_new_model_folder_is_loaded_and_served_without_a_restart(tmp_pat
 async def test_bad_configs_and_missing_folders_are_clear_errors(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     build_add_onnx(repo / "known" / "1" / "model.onnx", 1.0)
+    build_add_onnx(repo / "other" / "1" / "model.onnx", 1.0)
     (repo / "empty").mkdir()
     cfg = write_config(tmp_path, [{"name": "known", "path": "known"}], model_repository=str(repo))
     async with running_server(cfg) as (_, client):
@@ -66,13 +72,13 @@ async def test_bad_configs_and_missing_folders_are_clear_errors(tmp_path: Path) 
         assert r.status_code == 404
         assert "no version folders" in r.json()["error"]
         r = await client.post(
-            "/v2/repository/models/known/load",
+            "/v2/repository/models/other/load",
             json={"parameters": {"config": {"max_batch_size": -1}}},
         )
         assert r.status_code == 400
         assert "max_batch_size" in r.json()["error"]
         r = await client.post(
-            "/v2/repository/models/known/load", json={"parameters": {"config": "{not json"}}
+            "/v2/repository/models/other/load", json={"parameters": {"config": "{not json"}}
         )
         assert r.status_code == 400
         assert "not valid JSON" in r.json()["error"]

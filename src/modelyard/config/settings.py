@@ -15,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError,
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from modelyard.config.limits import LimitsConfig
 from modelyard.config.model_config import ModelConfig
+from modelyard.config.remote_load import RemoteLoadConfig
 from modelyard.config.security import SecurityConfig
 
 _FILE_DATA: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("_FILE_DATA")
@@ -71,7 +73,12 @@ class ServerSettings(BaseSettings):
     max_request_bytes: PositiveInt = 64 * 1024 * 1024
     """Largest request body accepted; beyond it, HTTP 413."""
     model_control_mode: Literal["none", "explicit", "poll"] = "explicit"
-    """``explicit``: load/unload over the API; ``poll``: follow the repository folder."""
+    """``explicit``: load/unload over the API; ``poll``: follow the repository folder;
+    ``none``: the declared models only, and the API's load/unload are refused."""
+    remote_load: RemoteLoadConfig = Field(default_factory=RemoteLoadConfig)
+    """What a load request over the API may ask for (fields, paths, priorities)."""
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    """Bounds on bodies, tensor elements, responses, connections and slow clients."""
     poll_interval_s: float = Field(default=5.0, gt=0)
     """How often ``poll`` mode rescans the repository."""
     require_manifest: bool = False

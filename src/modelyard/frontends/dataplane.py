@@ -15,12 +15,22 @@ from typing import Any
 import numpy as np
 
 from modelyard import __version__
-from modelyard.errors import ErrorCode, InvalidInputError, ModelNotReadyError, ServerError
+from modelyard.config.limits import LimitsConfig
+from modelyard.errors import (
+    ErrorCode,
+    InvalidInputError,
+    ModelNotReadyError,
+    PayloadTooLargeError,
+    ServerError,
+    hide_paths,
+)
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.states import ModelState
 from modelyard.observability.metrics import OK, Metrics
 from modelyard.protocol.documents import json_object
+from modelyard.protocol.limits import count_elements
+from modelyard.protocol.names import check_model_name, check_version_name
 from modelyard.protocol.tensors import output_from_array
 from modelyard.protocol.types import InferOutput, InferRequest, InferResponse
 from modelyard.runtimes.base import TensorSpec
@@ -43,6 +53,12 @@ def _shape_matches(spec: tuple[int, ...], shape: tuple[int, ...]) -> bool:
     )
 
 
+def _raw_size(array: np.ndarray) -> int:
+    if array.dtype == object:
+        return sum(len(v) if isinstance(v, bytes | str) else 8 for v in array.reshape(-1))
+    return int(array.nbytes)
+
+
 def _load_config(config: object) -> Mapping[str, Any] | None:
     if config is None:
         return None
@@ -60,10 +76,20 @@ def _load_config(config: object) -> Mapping[str, Any] | None:
 class DataPlane:
     """Health, metadata, inference and repository verbs, whatever the transport."""
 
-    def __init__(self, manager: ModelManager, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        manager: ModelManager,
+        metrics: Metrics | None = None,
+        limits: LimitsConfig | None = None,
+    ) -> None:
         self.manager = manager
         self.metrics = metrics
         """Counts request outcomes, latencies and cold-start waits (None: not counted)."""
+        limits = limits or LimitsConfig()
+        self.max_request_elements = limits.max_request_elements
+        """Tensor elements one request may carry; the decoders check it before allocating."""
+        self.max_response_bytes = limits.max_response_bytes
+        """Largest encoded response; the front ends check it after encoding."""
         self.is_serving = False
         """Set by the app once start-up finished; cleared when shutdown starts."""
 
@@ -79,7 +105,7 @@ class DataPlane:
 
     def model_ready(self, name: str, version: str | None) -> bool:
         """True when that version can serve now (its worker alive)."""
-        return self.manager.resolve(name, version).is_ready
+        return self.manager.resolve(check_model_name(name), check_version_name(version)).is_ready
 
     # ------------------------------------------------------------------ metadata
 
@@ -89,7 +115,7 @@ class DataPlane:
 
     def model_metadata(self, name: str, version: str | None) -> dict[str, object]:
         """The protocol's model metadata; tensors are known once the model has loaded."""
-        record = self.manager.resolve(name, version)
+        record = self.manager.resolve(check_model_name(name), check_version_name(version))
         entry = self.manager.entry(name)
         meta: dict[str, object] = {
             "name": name,
@@ -105,7 +131,7 @@ class DataPlane:
 
     async def model_metadata_loaded(self, name: str, version: str | None) -> dict[str, object]:
         """Metadata, loading the model first if its tensors are not known yet."""
-        record = self.manager.resolve(name, version)
+        record = self.manager.resolve(check_model_name(name), check_version_name(version))
         if record.info is None:
             await self.manager.ensure_ready(
                 record, deadline=time.monotonic() + record.config.timeout_s
@@ -121,6 +147,17 @@ class DataPlane:
         started = time.monotonic()
         metrics = self.metrics
         try:
+            if request.model_name not in self.manager.entries:  # known names were checked
+                check_model_name(request.model_name)
+            if request.model_version:
+                check_version_name(request.model_version)
+            # A backstop for callers that built arrays themselves (/predict); the
+            # decoders already counted the declared shapes before allocating.
+            total = 0
+            for tensor in request.inputs:
+                total = count_elements(
+                    tensor.name, tensor.array.shape, total, self.max_request_elements
+                )
             record = self.manager.resolve(request.model_name, request.model_version)
         except ServerError as exc:
             if metrics is not None:  # no model label: the name is the client's, unbounded
@@ -185,12 +222,24 @@ class DataPlane:
         finally:
             record.leases -= 1
         assert info is not None
-        return InferResponse(
+        response = InferResponse(
             model_name=record.key.name,
             model_version=record.key.version,
             outputs=self._outputs(request, outputs, info.outputs),
             id=request.id,
         )
+        # The raw bytes are a lower bound of any encoding: refuse before encoding them.
+        self.check_response_bytes(sum(_raw_size(o.array) for o in response.outputs))
+        return response
+
+    def check_response_bytes(self, size: int) -> None:
+        """PayloadTooLargeError when a response of ``size`` bytes is over the limit."""
+        if size > self.max_response_bytes:
+            raise PayloadTooLargeError(
+                f"the response would be {size} bytes; the server sends at most "
+                f"{self.max_response_bytes} (limits.max_response_bytes): ask for fewer "
+                "outputs or a smaller batch"
+            )
 
     @staticmethod
     def _validate(
@@ -260,7 +309,7 @@ class DataPlane:
                     "name": record.key.name,
                     "version": record.key.version,
                     "state": state.value,
-                    "reason": record.reason,
+                    "reason": hide_paths(record.reason),
                 }
             )
         return rows
@@ -272,8 +321,8 @@ class DataPlane:
         clients send it, or an object, with the fields of a ``models:`` entry) adds a model
         folder the configuration does not list, or reconfigures an unloaded one.
         """
-        await self.manager.load(name, config=_load_config(config))
+        await self.manager.load(check_model_name(name), config=_load_config(config))
 
     async def unload(self, name: str) -> None:
         """Unload every loaded version of the model (repository extension)."""
-        await self.manager.unload(name)
+        await self.manager.unload(check_model_name(name))

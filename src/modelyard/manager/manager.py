@@ -29,6 +29,7 @@ from modelyard.errors import (
     ModelNotFoundError,
     ModelNotReadyError,
     ModelStateConflictError,
+    NotSupportedError,
     ServerError,
 )
 from modelyard.manager.budget import MemoryBudget
@@ -42,7 +43,14 @@ from modelyard.manager.records import (
     ModelKey,
     ModelRecord,
 )
+from modelyard.manager.remote_load import (
+    check_config,
+    check_fields,
+    folder_in_repository,
+    shown_path,
+)
 from modelyard.manager.states import RESIDENT, ModelState, can_transition
+from modelyard.protocol.names import check_model_name
 from modelyard.repository.layout import dir_size_bytes, guess_runtime, served_versions
 from modelyard.repository.manifest import load_public_key, verify_manifest
 from modelyard.runtimes.base import RuntimeSpec
@@ -142,17 +150,44 @@ class ModelManager:
         without a restart: ``POST /v2/repository/models/{m}/load`` with an optional
         ``{"parameters": {"config": …}}``, as Triton's explicit mode does. A known model
         with a ``config`` has its configuration replaced, once it is not loaded.
+
+        Both arrive over the API, so both pass the ``remote_load:`` gate (see
+        :mod:`modelyard.manager.remote_load`): folders stay inside the repository and
+        only allowed fields are set. A refused or failed discovery registers nothing.
         """
+        check_model_name(name)
+        policy = self._settings.remote_load
         existing = self.entries.get(name)
         if existing is not None and not config:
             return existing
+        if not policy.enabled:
+            raise InvalidInputError(
+                f"model {name!r}: loading undeclared models or configs over the API is "
+                "disabled (remote_load.enabled)"
+            )
+        declared = any(m.name == name for m in self._settings.models)
+        if declared and not policy.allow_reconfigure_declared:
+            raise InvalidInputError(
+                f"model {name!r} is declared in the server's configuration; a load request "
+                "cannot reconfigure it (remote_load.allow_reconfigure_declared)"
+            )
         if existing is not None and any(r.state in RESIDENT for r in existing.versions.values()):
             raise ModelStateConflictError(
                 f"model {name!r} is loaded; unload it before loading it with a new config"
             )
-        fields: dict[str, Any] = {"name": name, "path": name, **(config or {})}
+        root = self._settings.repository_root
+        own_folder = folder_in_repository(root, name, f"model {name!r}")
+        raw = dict(config or {})
+        check_fields(name, raw, policy)
+        fields: dict[str, Any] = {"name": name, "path": name, **raw}
+        if not isinstance(fields["path"], str):
+            raise InvalidInputError(f"config for model {name!r}: 'path' must be a string")
+        folder = folder_in_repository(root, fields["path"], f"model {name!r}: path")
+        # The ModelConfig keeps the resolved folder, so a symlink swapped later cannot
+        # lead the load out of the repository.
+        fields["path"] = str(folder)
         if "runtime" not in fields:
-            fields["runtime"] = guess_runtime(self._settings.repository_root / fields["path"])
+            fields["runtime"] = guess_runtime(folder)
         try:
             model_config = ModelConfig.model_validate(fields)
         except ValidationError as exc:
@@ -163,15 +198,38 @@ class ModelManager:
             raise InvalidInputError(f"invalid config for model {name!r}: {problems}") from None
         if model_config.name != name:
             raise InvalidInputError(f"config names model {model_config.name!r}, not {name!r}")
-        if not self._settings.model_path(model_config).is_dir():
+        check_config(model_config, folder, own_folder, policy)
+        if not folder.is_dir():
             raise ModelNotFoundError(f"model {name!r} is not in the repository")
-        entry = self.add_model(model_config)
-        if not entry.versions:
+        versions = served_versions(folder, model_config.version_policy)
+        if not versions:
             raise ModelNotFoundError(
-                f"model {name!r} has no version folders (<model>/<version>/…) in {entry.path}"
+                f"model {name!r} has no version folders (<model>/<version>/…) in "
+                f"{shown_path(root, folder)}"
             )
+        for v in versions:  # a version folder may be a symlink too
+            folder_in_repository(root, str(folder.relative_to(root) / str(v)), f"model {name!r}")
+        if model_config.device not in {d.name for d in self._settings.devices}:
+            raise InvalidInputError(
+                f"config for model {name!r} names device {model_config.device!r}, which this "
+                "server does not have"
+            )
+        try:
+            entry = self.add_model(model_config)
+            if not entry.versions:  # the folder changed under us
+                raise ModelNotFoundError(f"model {name!r} has no version folders")
+        except BaseException:
+            self._restore(name, existing)  # register nothing (a bad default_version, ...)
+            raise
         self.events.add("discovered", next(iter(entry.versions.values())).key, "added by load")
         return entry
+
+    def _restore(self, name: str, previous: ModelEntry | None) -> None:
+        """Put back the registration a failed remote load replaced (or drop its own)."""
+        if previous is None:
+            self.entries.pop(name, None)
+        else:
+            self.entries[name] = previous
 
     def refresh_versions(self, entry: ModelEntry) -> None:
         """Create records for versions the policy serves that are not known yet."""
@@ -205,7 +263,8 @@ class ModelManager:
             if route is None:
                 if not entry.versions:
                     raise ModelNotFoundError(
-                        f"model {name!r} has no version folders in {entry.path}"
+                        f"model {name!r} has no version folders in "
+                        f"{shown_path(self._settings.repository_root, entry.path)}"
                     )
                 return entry.versions[max(entry.versions, key=int)]
             version = route.pick(self._rng)
@@ -566,6 +625,7 @@ class ModelManager:
 
     async def unload(self, name: str, version: str | None = None) -> None:
         """Unload every loaded version of ``name`` (or just ``version``)."""
+        self._check_control_mode("unload")
         entry = self.entry(name)
         targets = [entry.versions[version]] if version else list(entry.versions.values())
         for record in targets:
@@ -609,12 +669,33 @@ class ModelManager:
     ) -> ModelRecord:
         """Explicit load (repository API); waits for the load to finish.
 
-        A model folder the YAML does not list is registered first (see :meth:`discover`).
+        A model folder the YAML does not list is registered first (see :meth:`discover`);
+        if its load then fails, the registration is taken back, so a failed remote load
+        leaves the repository as it was.
         """
-        if config or name not in self.entries:
+        self._check_control_mode("load")
+        check_model_name(name)
+        previous = self.entries.get(name)
+        registers = bool(config) or previous is None
+        if registers:
             self.discover(name, config)
-        record = self.resolve(name, version)
-        return await self.ensure_ready(record, deadline=None, cold_start=False)
+        try:
+            record = self.resolve(name, version)
+            return await self.ensure_ready(record, deadline=None, cold_start=False)
+        except ServerError:
+            current = self.entries.get(name)
+            if registers and (
+                current is None or not any(r.state in RESIDENT for r in current.versions.values())
+            ):
+                self._restore(name, previous)
+            raise
+
+    def _check_control_mode(self, verb: str) -> None:
+        if self._settings.model_control_mode == "none":
+            raise NotSupportedError(
+                f"{verb} over the API is disabled: the server runs with model_control_mode "
+                "'none' (only the declared models, loaded as configured)"
+            )
 
     # ----------------------------------------------------------------- crash recovery
 

@@ -5,13 +5,15 @@ Requests batch together when every input has the same name, dtype and trailing s
 axis 0 and each output is split back by the row counts, so a model whose rows are
 independent returns exactly what it would have returned for each request alone.
 
-A batch holds at most ``max_rows`` rows, except that a single request larger than that
-runs alone. A request whose inputs cannot be batched (a scalar input, inputs disagreeing
-on their row count, no inputs) always runs alone. Everything here is pure.
+A batch holds at most ``max_rows`` rows (and, with ``max_elements``, at most that many
+tensor elements), except that a single request larger than that runs alone. A request
+whose inputs cannot be batched (a scalar input, inputs disagreeing on their row count,
+no inputs) always runs alone. Everything here is pure.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -80,6 +82,7 @@ def select_batch(
     max_rows: int,
     preferred_sizes: Sequence[int] = (),
     is_batching: bool = True,
+    max_elements: int | None = None,
 ) -> Selection[T] | None:
     """Choose the next batch from ``candidates`` (already in priority order).
 
@@ -88,12 +91,19 @@ def select_batch(
     (they stay queued for a later batch), and the first one that does not fit ends the
     search, so requests of one key keep their order. If a prefix of the batch adds up to
     one of ``preferred_sizes``, the longest such prefix is returned, ready at once.
+    ``max_elements`` bounds the batch's tensor elements (all inputs), so batching never
+    builds arrays larger than one request may be.
     """
     iterator = iter(candidates)
     head = next(iterator, None)
     if head is None:
         return None
     key = head.batch_key
+    if max_elements is not None and key is not None:
+        # Requests of one key share their trailing shapes: elements grow by row.
+        per_row = sum(math.prod(shape) for _, _, shape in key)
+        if per_row > 0:
+            max_rows = min(max_rows, max(1, max_elements // per_row))
     if not is_batching or key is None or head.rows >= max_rows:
         return Selection([head], head.rows, is_ready=True)
     chosen = [head]

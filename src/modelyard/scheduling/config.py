@@ -68,6 +68,8 @@ class SchedulerConfig:
     """A queued request's effective priority improves by one level per this many seconds."""
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     """The model's circuit breaker."""
+    max_batch_elements: int | None = None
+    """Most tensor elements (all inputs) in one batch; None: rows alone bound it."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 0:
@@ -102,6 +104,7 @@ class SchedulerConfig:
         supports_batching: bool = True,
         max_concurrency: int = 1,
         breaker: BreakerConfig | None = None,
+        max_batch_elements: int | None = None,
     ) -> SchedulerConfig:
         """The scheduler settings of ``model``; the caller adds what the runtime and pool know."""
         return cls(
@@ -114,4 +117,5 @@ class SchedulerConfig:
             supports_batching=supports_batching,
             max_concurrency=max_concurrency,
             breaker=breaker if breaker is not None else BreakerConfig(),
+            max_batch_elements=max_batch_elements,
         )

@@ -386,6 +386,7 @@ class ModelScheduler:
                 max_rows=cap,
                 preferred_sizes=self.config.preferred_batch_sizes,
                 is_batching=self.config.is_batching,
+                max_elements=self.config.max_batch_elements,
             )
             for request in dropped:
                 self._expire_queued(request)

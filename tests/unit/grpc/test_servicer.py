@@ -48,6 +48,10 @@ class FakeDataPlane:
         self.loaded: list[str] = []
         self.configs: list[object] = []
         self.unloaded: list[str] = []
+        self.max_request_elements = 1 << 20
+
+    def check_response_bytes(self, size: int) -> None:
+        pass
 
     def _check(self, name: str) -> None:
         if self.error is not None:

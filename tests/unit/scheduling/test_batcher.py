@@ -123,3 +123,16 @@ def test_concat_then_split_equals_running_each_alone() -> None:
 def test_split_rejects_outputs_without_the_batch_rows() -> None:
     with pytest.raises(ValueError, match="axis 0"):
         split_outputs({"y": np.zeros((2, 3))}, [1, 2])
+
+
+def test_a_batch_never_holds_more_elements_than_the_element_cap() -> None:
+    # KEY_A rows have 3 elements: 10 elements allow 3 rows, whatever max_rows says.
+    items = [Item("a", 2), Item("b", 1), Item("c", 1), Item("d", 1)]
+    selection = select_batch(items, max_rows=8, max_elements=10)
+    assert selection is not None
+    assert names(selection.entries) == ["a", "b"]
+    assert selection.is_ready
+    # A request over the cap alone (the decoder allowed it) still runs, alone.
+    alone = select_batch([Item("big", 5), Item("b", 1)], max_rows=8, max_elements=10)
+    assert alone is not None
+    assert names(alone.entries) == ["big"]

@@ -20,6 +20,7 @@ import numpy as np
 from modelyard.errors import InternalError, InvalidInputError
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
 from modelyard.protocol.datatypes import DATATYPES, numpy_dtype
+from modelyard.protocol.limits import count_elements
 from modelyard.protocol.tensors import array_from_binary, binary_bytes, check_shape
 from modelyard.protocol.types import (
     InferInput,
@@ -237,8 +238,11 @@ def _decode_tensors(
 # ---------------------------------------------------------------------- server side
 
 
-def request_from_proto(msg: pb.ModelInferRequest) -> InferRequest:
+def request_from_proto(msg: pb.ModelInferRequest, max_elements: int | None = None) -> InferRequest:
     """Decode a ``ModelInferRequest``; :class:`InvalidInputError` when it is malformed.
+
+    With ``max_elements``, the inputs' declared shapes are counted before any array is
+    built, and a request over that budget is a PayloadTooLargeError.
 
     ``parameters["priority"]`` (int64 or uint64, 1 is the highest) becomes
     ``priority`` and ``parameters["timeout"]`` (microseconds) becomes ``timeout_s``;
@@ -248,6 +252,10 @@ def request_from_proto(msg: pb.ModelInferRequest) -> InferRequest:
         raise InvalidInputError("'model_name' is required")
     if not msg.inputs:
         raise InvalidInputError("request needs at least one input")
+    if max_elements is not None:
+        total = 0
+        for t in msg.inputs:
+            total = count_elements(t.name, check_shape(t.name, list(t.shape)), total, max_elements)
     inputs = [
         InferInput(name, datatype, shape, arr, params)
         for name, datatype, shape, arr, params in _decode_tensors(

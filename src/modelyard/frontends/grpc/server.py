@@ -41,6 +41,10 @@ async def start_grpc_server(
     *,
     authorizer: Authorizer | None = None,
     credentials: grpc.ServerCredentials | None = None,
+    max_concurrent_streams: int = 128,
+    max_connection_idle_s: float = 300.0,
+    max_concurrent_rpcs: int | None = None,
+    handshake_timeout_s: float = 10.0,
 ) -> tuple[grpc.aio.Server, int]:
     """Start the KServe v2 gRPC server on ``host:port`` and return it with its bound port.
 
@@ -48,6 +52,12 @@ async def start_grpc_server(
     refused by gRPC itself with RESOURCE_EXHAUSTED. ``authorizer`` checks each call's
     token; ``credentials`` (see :func:`server_credentials`) serve TLS. Must run on the
     server's event loop.
+    refused by gRPC itself with RESOURCE_EXHAUSTED. One connection may have at most
+    ``max_concurrent_streams`` RPCs open, the server runs at most
+    ``max_concurrent_rpcs`` at once (RESOURCE_EXHAUSTED beyond), and a connection
+    without RPCs for ``max_connection_idle_s`` is closed, as is one that has not
+    completed its HTTP/2 handshake within ``handshake_timeout_s`` (a silent client).
+    Must run on the server's event loop.
     """
     if max_message_bytes <= 0:
         raise ValueError(f"max_message_bytes must be positive, got {max_message_bytes}")
@@ -56,11 +66,15 @@ async def start_grpc_server(
     )
     server = grpc.aio.server(
         interceptors=interceptors,
+        maximum_concurrent_rpcs=max_concurrent_rpcs,
         options=[
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
             # Without this, Linux lets a second server bind the same port silently.
             ("grpc.so_reuseport", 0),
+            ("grpc.max_concurrent_streams", max_concurrent_streams),
+            ("grpc.max_connection_idle_ms", int(max_connection_idle_s * 1000)),
+            ("grpc.server_handshake_timeout_ms", max(1, int(handshake_timeout_s * 1000))),
         ],
     )
     # The generated registration function has no annotations (protoc emits no stubs for it).

@@ -30,6 +30,7 @@ from modelyard.frontends.grpc.convert import (
 from modelyard.frontends.grpc.errors import grpc_status
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from modelyard.protocol.names import check_model_name
 from modelyard.protocol.types import InferRequest, InferResponse
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,11 @@ class DataPlaneProtocol(Protocol):
     async def load(self, name: str, config: object = None) -> None: ...
 
     async def unload(self, name: str) -> None: ...
+
+    @property
+    def max_request_elements(self) -> int: ...
+
+    def check_response_bytes(self, size: int) -> None: ...
 
 
 def _retry_metadata(exc: ServerError) -> tuple[tuple[str, str], ...]:
@@ -101,7 +107,7 @@ def _version(version: str) -> str | None:
 def _model_name(name: str) -> str:
     if not name:
         raise InvalidInputError("a model name is required")
-    return name
+    return check_model_name(name)
 
 
 def _tensor_metadata(
@@ -197,7 +203,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, context: Context
     ) -> pb.ModelInferResponse:
         """Run one inference; the client's deadline can only shorten the timeout."""
-        infer_request = request_from_proto(request)
+        infer_request = request_from_proto(request, self.dataplane.max_request_elements)
         remaining_s = context.time_remaining()
         if remaining_s is not None:
             if remaining_s <= 0:
@@ -205,7 +211,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if infer_request.timeout_s is None or remaining_s < infer_request.timeout_s:
                 infer_request.timeout_s = remaining_s
         response = await self.dataplane.infer(infer_request)
-        return response_to_proto(response)
+        message = response_to_proto(response)
+        self.dataplane.check_response_bytes(message.ByteSize())
+        return message
 
     @_translated
     async def RepositoryIndex(

@@ -15,6 +15,7 @@ from modelyard.manager.records import DEFAULT_ALIAS
 from modelyard.manager.stats import manager_stats
 from modelyard.manager.versions import VersionController
 from modelyard.protocol.documents import json_object
+from modelyard.protocol.names import check_model_name, check_version_name
 
 
 class _HasManager(Protocol):
@@ -50,18 +51,20 @@ def admin_routes(app: _HasManager) -> list[BaseRoute]:
         return json_response(details, 200 if details["ready"] else 503)
 
     async def list_aliases(request: Request) -> Response:
-        name = request.path_params["model"]
+        name = check_model_name(request.path_params["model"])
         return json_response({"name": name, "aliases": versions.aliases(name)})
 
     async def set_alias(request: Request) -> Response:
         p = request.path_params
+        check_model_name(p["model"])
+        check_version_name(p["alias"])
         route = await versions.set_alias(
             p["model"], p["alias"], _targets(await _optional_json(request))
         )
         return json_response({"name": p["model"], "alias": p["alias"], "versions": route})
 
     async def rollback(request: Request) -> Response:
-        name = request.path_params["model"]
+        name = check_model_name(request.path_params["model"])
         doc = await _optional_json(request)
         alias = str(doc.get("alias", DEFAULT_ALIAS))
         route = await versions.rollback(name, alias)
@@ -77,7 +80,7 @@ def admin_routes(app: _HasManager) -> list[BaseRoute]:
         return _set_pinned(request, False)
 
     def _set_pinned(request: Request, pinned: bool) -> Response:
-        entry = manager.entry(request.path_params["model"])
+        entry = manager.entry(check_model_name(request.path_params["model"]))
         for record in entry.versions.values():
             record.pinned = pinned
         body: dict[str, Any] = {"name": entry.config.name, "pinned": pinned}

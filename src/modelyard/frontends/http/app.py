@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from modelyard.config.limits import LimitsConfig
 from modelyard.errors import (
     InternalError,
     InvalidInputError,
@@ -200,7 +201,7 @@ class RestApi:
     ) -> tuple[bytes, int | None]:
         """Decode, infer (cancelled if the client disconnects), encode: the response body
         and, for binary outputs, the JSON header's length."""
-        req = decode_request(body, header_length, model, version)
+        req = decode_request(body, header_length, model, version, self.dp.max_request_elements)
         if timeout_ms is not None:
             try:
                 header_s = float(timeout_ms) / 1000.0
@@ -208,7 +209,9 @@ class RestApi:
                 raise InvalidInputError("X-Modelyard-Timeout-Ms must be a number") from None
             req.timeout_s = header_s if req.timeout_s is None else min(req.timeout_s, header_s)
         resp = await _unless_disconnected(receive, self.dp.infer(req))
-        return encode_response(resp, req)
+        payload, header_len = encode_response(resp, req)
+        self.dp.check_response_bytes(len(payload))
+        return payload, header_len
 
     async def predict(self, request: Request) -> Response:
         """``POST /predict {"model", "version"?, "inputs": {name: nested list}} | "text"``."""
@@ -262,7 +265,7 @@ class RestApi:
             inputs.append(InferInput(name, datatype, tuple(arr.shape), arr))
         req = InferRequest(model_name=model, model_version=version, inputs=inputs)
         resp = await self.dp.infer(req)
-        return json_response(
+        answer = json_response(
             {
                 "model": resp.model_name,
                 "version": resp.model_version,
@@ -276,6 +279,8 @@ class RestApi:
                 },
             }
         )
+        self.dp.check_response_bytes(len(answer.body))
+        return answer
 
     # ------------------------------------------------------------------ repository
 
@@ -336,6 +341,60 @@ async def _not_found(request: Request, exc: Exception) -> Response:
 
 async def _method_not_allowed(request: Request, exc: Exception) -> Response:
     return json_response({"error": f"{request.method} is not allowed on {request.url.path}"}, 405)
+
+
+class BodyLimit:
+    """ASGI middleware: every request body is bounded, whatever route reads it.
+
+    A declared ``Content-Length`` over the limit is answered 413 before the app runs;
+    a chunked body is counted as it arrives and the read fails with
+    PayloadTooLargeError once over it, so no handler ever holds more than the limit.
+    """
+
+    def __init__(self, app: ASGIApp, limit_bytes: int, what: str) -> None:
+        self.app = app
+        self.limit_bytes = limit_bytes
+        self.what = what
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app with a counting ``receive``; answer 413 when over the limit."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_bytes
+        for key, value in scope["headers"]:
+            if key == b"content-length" and value.isdigit() and int(value) > limit:
+                exc = PayloadTooLargeError(
+                    f"request body of {int(value)} bytes is over the {limit}-byte limit "
+                    f"({self.what})"
+                )
+                await error_response(exc)(scope, receive, send)
+                return
+        received = 0
+        started = False
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise PayloadTooLargeError(
+                        f"request body is over the {limit}-byte limit ({self.what})"
+                    )
+            return message
+
+        async def watched_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, watched_send)
+        except PayloadTooLargeError as exc:
+            if started:
+                raise
+            await error_response(exc)(scope, receive, send)
 
 
 _INFER_PREFIX = "/v2/models/"
@@ -424,21 +483,46 @@ class InferFastPath:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+_DATA_ROUTES = ("/predict",)
+"""Routes besides infer whose bodies carry tensors (the larger limit)."""
+
+
+class _RouteLimits:
+    """Picks the body limit by route: tensors get ``max_request_bytes``, the rest less."""
+
+    def __init__(self, app: ASGIApp, data_limit: int, control_limit: int) -> None:
+        self.data = BodyLimit(app, data_limit, "max_request_bytes")
+        self.control = BodyLimit(app, control_limit, "limits.max_control_body_bytes")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        is_data = path in _DATA_ROUTES or (
+            path.startswith(_INFER_PREFIX) and path.endswith(_INFER_SUFFIX)
+        )
+        await (self.data if is_data else self.control)(scope, receive, send)
+
+
 def create_app(
     dataplane: DataPlane,
     max_request_bytes: int,
     extra_routes: list[BaseRoute] | None = None,
     authorizer: Authorizer | None = None,
+    *,
+    max_control_body_bytes: int | None = None,
 ) -> ASGIApp:
     """The ASGI app: the token check (when ``authorizer`` has tokens), the infer fast
     path, then the protocol routes plus ``extra_routes`` (metrics, dashboard, admin)
-    in Starlette."""
+    in Starlette, every body bounded: inference bodies by ``max_request_bytes``, every
+    other route's by ``max_control_body_bytes``."""
     api = RestApi(dataplane, max_request_bytes)
     app = Starlette(
         routes=[*api.routes(), *(extra_routes or [])],
         exception_handlers={404: _not_found, 405: _method_not_allowed},
     )
-    fast: ASGIApp = InferFastPath(api, app)
+    control = max_control_body_bytes or LimitsConfig().max_control_body_bytes
+    fast: ASGIApp = InferFastPath(
+        api, _RouteLimits(app, max_request_bytes, min(control, max_request_bytes))
+    )
     if authorizer is not None and authorizer.is_enabled:
         return AuthLayer(authorizer, fast)
     return fast

@@ -8,7 +8,8 @@ from typing import Any
 import orjson
 
 from modelyard.errors import InvalidInputError
-from modelyard.protocol.tensors import binary_bytes, decode_input, json_data
+from modelyard.protocol.limits import count_elements
+from modelyard.protocol.tensors import binary_bytes, check_shape, decode_input, json_data
 from modelyard.protocol.types import InferRequest, InferResponse, RequestedOutput
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -23,9 +24,17 @@ def _parameters(value: object, where: str) -> dict[str, Any]:
 
 
 def decode_request(
-    body: bytes, header_length: str | None, model_name: str, model_version: str | None
+    body: bytes,
+    header_length: str | None,
+    model_name: str,
+    model_version: str | None,
+    max_elements: int | None = None,
 ) -> InferRequest:
-    """Parse a v2 infer body (JSON, or JSON header plus binary tensors)."""
+    """Parse a v2 infer body (JSON, or JSON header plus binary tensors).
+
+    With ``max_elements``, the inputs' declared shapes are counted first, so a request
+    over that budget is refused before any array is built.
+    """
     binary: memoryview | None = None
     raw_json: bytes | memoryview = body
     if header_length is not None:
@@ -50,6 +59,13 @@ def decode_request(
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInputError("request needs a non-empty 'inputs' list")
+    if max_elements is not None:
+        total = 0
+        for spec in raw_inputs:
+            if isinstance(spec, Mapping):
+                name = str(spec.get("name"))
+                shape = check_shape(name, spec.get("shape"))
+                total = count_elements(name, shape, total, max_elements)
     offset = 0
     inputs = []
     for spec in raw_inputs:

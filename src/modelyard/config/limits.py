@@ -1,0 +1,49 @@
+"""LimitsConfig: the bounds on what one client can make the server hold (``limits:``).
+
+Every bound is checked before the work it bounds (a body before it is read whole,
+elements before arrays are allocated, connections before they can exhaust file
+descriptors), and every refusal is a typed error, never a truncated answer.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+_MIB = 1024 * 1024
+
+
+class LimitsConfig(BaseModel):
+    """The ``limits:`` block of ``modelyard.yaml`` (``max_request_bytes`` stays top-level)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_control_body_bytes: PositiveInt = 1 * _MIB
+    """Largest body of any route other than inference (repository, aliases, rollback,
+    pin, dashboard, ...); beyond it, HTTP 413 before the body is read whole."""
+    max_request_elements: PositiveInt = 16 * _MIB
+    """Most tensor elements one inference request may carry (all inputs together),
+    checked from the declared shapes before any array is built; beyond it, 413
+    (gRPC RESOURCE_EXHAUSTED). A batch the scheduler forms never exceeds it either."""
+    max_response_bytes: PositiveInt = 64 * _MIB
+    """Largest encoded inference response; beyond it the request fails with 413 (gRPC
+    RESOURCE_EXHAUSTED) rather than sending a partial body."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """An HTTP connection must send a complete request head within this long of opening
+    (or of its first byte, between keep-alive requests); otherwise it is closed. A gRPC
+    connection must complete its HTTP/2 handshake within it too."""
+    body_idle_timeout_s: float = Field(default=30.0, gt=0)
+    """A request body that stops arriving for this long closes its connection."""
+    keep_alive_timeout_s: PositiveInt = 30
+    """An idle keep-alive HTTP connection is closed after this long."""
+    max_connections: PositiveInt = 512
+    """Open HTTP connections at most. At the cap, a new connection first displaces the
+    oldest connection still waiting for its request head (a slow or silent client);
+    if every connection is busy, requests are answered 503. Keep it well under the
+    process's file limit (``ulimit -n``) so that accepting never fails."""
+    grpc_max_concurrent_rpcs: PositiveInt = 1024
+    """RPCs the gRPC server runs at once, all connections together; beyond it, new RPCs
+    are answered RESOURCE_EXHAUSTED."""
+    grpc_max_concurrent_streams: PositiveInt = 128
+    """Concurrent RPCs one gRPC connection may have open."""
+    grpc_max_connection_idle_s: float = Field(default=300.0, gt=0)
+    """A gRPC connection with no RPC for this long is closed (GOAWAY)."""

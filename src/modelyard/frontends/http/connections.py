@@ -1,0 +1,134 @@
+"""HTTP connections that cannot be held hostage: a head deadline and a connection cap.
+
+uvicorn closes idle keep-alive connections (``timeout_keep_alive``) but has no limit
+on how long a client may take to send a request head: a connection that opens and
+says nothing, or sends a byte a minute, is kept forever. Enough of them exhaust the
+process's file descriptors, and then every good client fails. This protocol, a small
+subclass of uvicorn's httptools protocol (independent of the ASGI app), adds:
+
+* a **head deadline**: from the moment a connection opens (or a new request's first
+  byte arrives on a kept-alive one), the complete request head must arrive within
+  ``header_timeout_s``, or the connection is closed;
+* a **body idle timeout**: a request whose body stops arriving for ``body_idle_timeout_s``
+  closes its connection (a timer is armed only for bodies that span several reads);
+* a **connection cap**: when a new connection takes the count over
+  ``max_connections``, the oldest connection that is not in a request (still waiting
+  for its head, or idle between keep-alive requests) is closed to make room; if every
+  connection is busy, uvicorn's own ``limit_concurrency`` answers 503, and beyond a
+  small overflow the new connection is closed at once, so descriptors never run out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+def overflow_connections(max_connections: int) -> int:
+    """Connections accepted past the cap only to be answered 503 (then closed)."""
+    return max(16, max_connections // 8)
+
+
+def guarded_protocol(
+    header_timeout_s: float, max_connections: int, body_idle_timeout_s: float = 30.0
+) -> type[asyncio.Protocol]:
+    """A protocol class for one server (its own record of connections not in a request)."""
+    hard_cap = max_connections + overflow_connections(max_connections)
+    # Connections not in a request, oldest first (dicts keep insertion order).
+    waiting: dict[GuardedHttpProtocol, None] = {}
+
+    class GuardedHttpProtocol(HttpToolsProtocol):
+        """uvicorn's httptools protocol with a head deadline and a connection cap."""
+
+        _head_timer: asyncio.TimerHandle | None = None
+        _body_timer: asyncio.TimerHandle | None = None
+        _last_data_at = 0.0
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            """Count the connection, make room if over the cap, start the head deadline."""
+            super().connection_made(transport)
+            crowded = len(self.connections) > max_connections
+            if crowded and not self._displace_one() and len(self.connections) > hard_cap:
+                transport.abort()
+                return
+            waiting[self] = None
+            self._head_timer = self.loop.call_later(header_timeout_s, self._head_too_late)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            """Forget the connection and its deadlines."""
+            waiting.pop(self, None)
+            self._cancel_head_timer()
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            """Feed the parser; time a head or a body that is still to come."""
+            self._last_data_at = self.loop.time()
+            super().data_received(data)
+            if self in waiting:
+                # Part of a head (a whole one would have left ``waiting``): it is due
+                # within the deadline. Heads that arrive in one read never arm a timer.
+                if self._head_timer is None:
+                    self._head_timer = self.loop.call_later(header_timeout_s, self._head_too_late)
+                return
+            cycle = self.cycle
+            if (
+                self._body_timer is None
+                and cycle is not None
+                and cycle.more_body
+                and not cycle.response_complete
+            ):
+                self._body_timer = self.loop.call_later(body_idle_timeout_s, self._body_stalled)
+
+        def _body_stalled(self) -> None:
+            self._body_timer = None
+            cycle = self.cycle
+            if cycle is None or not cycle.more_body or cycle.response_complete:
+                return
+            idle = self.loop.time() - self._last_data_at
+            if idle >= body_idle_timeout_s:
+                self._close()
+            else:
+                self._body_timer = self.loop.call_later(
+                    body_idle_timeout_s - idle, self._body_stalled
+                )
+
+        def on_headers_complete(self) -> None:
+            """The head arrived in time: the connection is busy with a request."""
+            waiting.pop(self, None)
+            self._cancel_head_timer()
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            """Idle again (keep-alive): displaceable, and uvicorn's idle timeout runs."""
+            super().on_response_complete()
+            cycle = self.cycle  # a pipelined request may have started meanwhile
+            if not self.transport.is_closing() and (cycle is None or cycle.response_complete):
+                waiting[self] = None
+
+        def _cancel_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_too_late(self) -> None:
+            self._head_timer = None
+            if self in waiting:
+                self._close()
+
+        def _close(self) -> None:
+            waiting.pop(self, None)
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def _displace_one(self) -> bool:
+            for other in waiting:
+                if other is not self:
+                    other._close()
+                    return True
+            return False
+
+    return GuardedHttpProtocol
