@@ -190,7 +190,13 @@ class App:
             await asyncio.sleep(0.01)
         self.http_port = self._http.servers[0].sockets[0].getsockname()[1]
         if s.grpc_port is not None:
-            await self._start_grpc()
+            try:
+                await self._start_grpc()
+            except OSError:
+                await self.stop()
+                raise StartupError(
+                    f"cannot serve gRPC on {s.host}:{s.grpc_port} (address in use or not allowed?)"
+                ) from None
         await self.manager.start()
         if self.poller is not None:
             self.poller.start()
