@@ -197,7 +197,13 @@ class App:
                 raise StartupError(
                     f"cannot serve gRPC on {s.host}:{s.grpc_port} (address in use or not allowed?)"
                 ) from None
-        await self.manager.start()
+        problems = await self.manager.start()
+        if problems and s.exit_on_error:
+            await self.stop()
+            raise StartupError(
+                "preloaded model(s) cannot serve (set exit_on_error: false to start anyway):\n  "
+                + "\n  ".join(problems)
+            )
         if self.poller is not None:
             self.poller.start()
         self._sampler = asyncio.create_task(self._sample_memory(), name="modelyard-memory")

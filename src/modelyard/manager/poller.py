@@ -62,6 +62,8 @@ class RepositoryPoller:
     async def poll_once(self, entry: ModelEntry) -> None:
         """Apply one scan of ``entry``'s folder."""
         name = entry.config.name
+        if any(r.model_file for r in entry.versions.values()):
+            return  # a config path naming one file: there are no version folders to follow
         refused = {v for v, r in entry.versions.items() if r.state is ModelState.FAILED}
         result = await asyncio.to_thread(
             self.watcher.scan, entry.path, set(entry.versions), refused

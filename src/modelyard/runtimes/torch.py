@@ -39,7 +39,7 @@ class TorchRuntime(DeclaredTensors):
         """Load the ``.pt`` (TorchScript) or ``.pt2`` (torch.export) file."""
         import torch
 
-        path = find_model_file(Path(spec.version_dir), (".pt", ".pt2"))
+        path = find_model_file(Path(spec.version_dir), (".pt", ".pt2"), spec.model_file)
         self._device = spec.device
         torch.set_num_threads(spec.intra_op_threads)
         if path.suffix == ".pt2":
