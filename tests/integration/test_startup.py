@@ -48,6 +48,7 @@ async def test_broken_model_entries_are_reported_at_start_with_file_field_and_re
         {"name": "missing", "path": "no/such/folder", "isolation": "inline"},
         {"name": "empty", "path": str(tmp_path / "empty"), "isolation": "inline"},
         {"name": "unlisted", "path": "add", "version_policy": {"specific": [7]}},
+        {"name": "wrong-default", "path": "add", "default_version": "5", "isolation": "inline"},
     ]
     cfg = write_config(tmp_path, models, model_repository=str(model_root))
     with caplog.at_level(logging.ERROR, logger="modelyard"):
@@ -61,6 +62,9 @@ async def test_broken_model_entries_are_reported_at_start_with_file_field_and_re
             r = await client.post("/v2/models/missing/infer", json=BODY)
             assert r.status_code == 404, r.text
             assert "does not exist" in r.json()["error"]
+            r = await client.post("/v2/models/wrong-default/infer", json=BODY)
+            assert r.status_code == 404, "not another version than the one configured"
+            assert "'5'" in r.json()["error"]
             r = await client.post("/v2/models/add/infer", json=BODY)
             assert r.status_code == 200, "the good model serves beside the broken ones"
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
@@ -68,6 +72,7 @@ async def test_broken_model_entries_are_reported_at_start_with_file_field_and_re
         ("models[1].path", "does not exist"),
         ("models[2].path", "no version folders"),
         ("models[3].path", "version_policy"),
+        ("models[4].default_version", "no version folder '5'"),
     ]:
         assert any(str(cfg) in e and field in e and reason in e for e in errors), (field, errors)
 
@@ -89,11 +94,15 @@ async def test_a_preloaded_model_that_cannot_load_fails_the_start(
 async def test_a_preloaded_model_without_versions_fails_the_start(
     model_root: Path, tmp_path: Path
 ) -> None:
-    models = [{"name": "missing", "path": "gone", "preload": True}]
+    models = [
+        {"name": "missing", "path": "gone", "preload": True},
+        {"name": "wrong-default", "path": "add", "default_version": "5", "preload": True},
+    ]
     cfg = write_config(tmp_path, models, model_repository=str(model_root))
     app = App(load_settings(cfg, http_port=0, grpc_port=None))
-    with pytest.raises(StartupError, match=r"models\[0\]\.path.*does not exist"):
+    with pytest.raises(StartupError, match=r"models\[0\]\.path.*does not exist") as info:
         await app.start()
+    assert "models[1].default_version: model 'wrong-default' has no version '5'" in str(info.value)
     assert app.health_details()["fork_server_alive"] is False, "what started is stopped"
 
 

@@ -139,7 +139,11 @@ class ModelManager:
         if default is not None:
             # Unversioned requests follow this alias; it moves only by a switch (API or
             # poll), so a new version folder never takes traffic before it is verified.
-            self.record_for(config.name, default)
+            try:
+                self.record_for(config.name, default)
+            except ModelNotFoundError as exc:
+                # Reported, and unversioned requests get 404 naming it: never another version.
+                log.error("%s: %s", self._field(entry, "default_version"), exc)
             entry.aliases[DEFAULT_ALIAS] = AliasRoute(((default, 1.0),))
         return entry
 
@@ -289,11 +293,13 @@ class ModelManager:
             for e in self.entries.values()
             if e.config.preload and not e.versions
         ]
-        preloads = [
-            self.resolve(e.config.name, None)
-            for e in self.entries.values()
-            if e.config.preload and e.versions
-        ]
+        preloads = []
+        for e in self.entries.values():
+            if e.config.preload and e.versions:
+                try:
+                    preloads.append(self.resolve(e.config.name, None))
+                except ServerError as exc:
+                    problems.append(f"{self._field(e, 'default_version')}: {exc}")
         results = await asyncio.gather(
             *(self.ensure_ready(r, deadline=None, cold_start=False) for r in preloads),
             return_exceptions=True,
