@@ -279,8 +279,20 @@ class App:
             await asyncio.sleep(0.01)
         self.http_port = self._http.servers[0].sockets[0].getsockname()[1]
         if s.grpc_port is not None:
-            await self._start_grpc(grpc_credentials)
-        await self.manager.start()
+            try:
+                await self._start_grpc(grpc_credentials)
+            except OSError:
+                await self.stop()
+                raise StartupError(
+                    f"cannot serve gRPC on {s.host}:{s.grpc_port} (address in use or not allowed?)"
+                ) from None
+        problems = await self.manager.start()
+        if problems and s.exit_on_error:
+            await self.stop()
+            raise StartupError(
+                "preloaded model(s) cannot serve (set exit_on_error: false to start anyway):\n  "
+                + "\n  ".join(problems)
+            )
         if self.poller is not None:
             self.poller.start()
         self._sampler = asyncio.create_task(self._sample_memory(), name="modelyard-memory")

@@ -25,6 +25,7 @@ def _serve(args: argparse.Namespace) -> int:
             log_level=args.log_level,
             log_format=args.log_format,
             model_control_mode=args.model_control_mode,
+            exit_on_error=args.exit_on_error,
         )
     except ConfigError as exc:
         print(f"modelyard: {exc}", file=sys.stderr)
@@ -190,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", choices=["text", "json"])
     serve.add_argument("--model-control-mode", choices=["none", "explicit", "poll"])
+    serve.add_argument(
+        "--exit-on-error",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="stop the start when a preloaded model cannot serve (default: yes)",
+    )
     serve.set_defaults(func=_serve)
 
     example = sub.add_parser("example", help="build an example model repository locally")

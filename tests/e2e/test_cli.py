@@ -162,3 +162,45 @@ def test_a_port_in_use_is_a_clear_error(example_repo: Path) -> None:
         )
     assert out.returncode == 1
     assert f"cannot serve HTTP on 127.0.0.1:{port}" in out.stderr
+
+
+@pytest.mark.slow  # a server process starting and stopping (3-8 s)
+def test_a_grpc_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "modelyard.yaml"
+    cfg.write_text("models: []\n", encoding="utf-8")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            _modelyard("serve", "--config", str(cfg), "--http-port", "0", "--grpc-port", str(port)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 1
+    assert f"modelyard: cannot serve gRPC on 127.0.0.1:{port}" in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.slow  # a server process starting and stopping (3-8 s)
+def test_a_preloaded_model_that_cannot_load_stops_serve_with_a_clear_message(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "broken" / "1").mkdir(parents=True)
+    (tmp_path / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx file")
+    cfg = tmp_path / "modelyard.yaml"
+    cfg.write_text(
+        "models:\n  - {name: broken, path: broken, preload: true, isolation: inline}\n",
+        encoding="utf-8",
+    )
+    out = subprocess.run(
+        _modelyard("serve", "--config", str(cfg), "--http-port", "0", "--grpc-port", "0"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1
+    assert f"{cfg}: models[0]: preload of broken:1" in out.stderr
+    assert "exit_on_error: false" in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr

@@ -101,8 +101,13 @@ class ServerSettings(BaseSettings):
     """Devices and their byte budgets."""
     models: list[ModelConfig] = Field(default_factory=list)
     """The models this server knows."""
+    exit_on_error: bool = True
+    """A model with ``preload: true`` that cannot load stops the start; false: the server
+    starts anyway and lists it as FAILED with its reason (Triton's ``--exit-on-error``)."""
     config_dir: str = "."
     """Folder of the YAML file (set by the loader; relative paths start here)."""
+    config_file: str = ""
+    """The YAML file itself (set by the loader; named in start-up errors)."""
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
@@ -183,6 +188,7 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
             raise ConfigError(f"{path}: top level must be a mapping, got {type(loaded).__name__}")
         data = loaded
         data.setdefault("config_dir", str(path.resolve().parent))
+        data.setdefault("config_file", str(path))
     token = _FILE_DATA.set(data)
     try:
         return ServerSettings(**{k: v for k, v in overrides.items() if v is not None})

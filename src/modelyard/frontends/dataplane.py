@@ -312,6 +312,18 @@ class DataPlane:
                     "reason": hide_paths(record.reason),
                 }
             )
+        if not ready_only:
+            # A configured model with no version to serve is listed, not hidden.
+            rows += [
+                {
+                    "name": entry.config.name,
+                    "version": "",
+                    "state": ModelState.FAILED.value,
+                    "reason": self.manager.missing_reason(entry),
+                }
+                for entry in self.manager.entries.values()
+                if not entry.versions
+            ]
         return rows
 
     async def load(self, name: str, config: object = None) -> None:

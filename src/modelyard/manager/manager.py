@@ -38,6 +38,7 @@ from modelyard.manager.eviction import EvictionPolicy, make_policy, select_victi
 from modelyard.manager.prefetch import MarkovPredictor
 from modelyard.manager.records import (
     DEFAULT_ALIAS,
+    SINGLE_FILE_VERSION,
     AliasRoute,
     ModelEntry,
     ModelKey,
@@ -51,7 +52,12 @@ from modelyard.manager.remote_load import (
 )
 from modelyard.manager.states import RESIDENT, ModelState, can_transition
 from modelyard.protocol.names import check_model_name
-from modelyard.repository.layout import dir_size_bytes, guess_runtime, served_versions
+from modelyard.repository.layout import (
+    dir_size_bytes,
+    guess_runtime,
+    missing_versions_reason,
+    served_versions,
+)
 from modelyard.repository.manifest import load_public_key, verify_manifest
 from modelyard.runtimes.base import RuntimeSpec
 from modelyard.workers.instance import ModelInstance, StartRequest
@@ -122,7 +128,10 @@ class ModelManager:
         self.predictor = MarkovPredictor()
         self._public_keys = [load_public_key(k) for k in settings.manifest_public_keys]
         for cfg in settings.models:
-            self.add_model(cfg)
+            entry = self.add_model(cfg)
+            if not entry.versions:
+                # Kept (listed as FAILED with the reason), never dropped without a word.
+                log.error("%s: %s", self._field(entry, "path"), self.missing_reason(entry))
 
     # ----------------------------------------------------------------- discovery
 
@@ -138,7 +147,11 @@ class ModelManager:
         if default is not None:
             # Unversioned requests follow this alias; it moves only by a switch (API or
             # poll), so a new version folder never takes traffic before it is verified.
-            self.record_for(config.name, default)
+            try:
+                self.record_for(config.name, default)
+            except ModelNotFoundError as exc:
+                # Reported, and unversioned requests get 404 naming it: never another version.
+                log.error("%s: %s", self._field(entry, "default_version"), exc)
             entry.aliases[DEFAULT_ALIAS] = AliasRoute(((default, 1.0),))
         return entry
 
@@ -232,7 +245,21 @@ class ModelManager:
             self.entries[name] = previous
 
     def refresh_versions(self, entry: ModelEntry) -> None:
-        """Create records for versions the policy serves that are not known yet."""
+        """Create records for versions the policy serves that are not known yet.
+
+        A ``path`` naming one file (``digits/model.onnx``) is served as version ``1``:
+        its record's folder is the file's, and the runtime loads that file only.
+        """
+        if entry.path.is_file():
+            if SINGLE_FILE_VERSION not in entry.versions:
+                entry.versions[SINGLE_FILE_VERSION] = ModelRecord(
+                    key=ModelKey(entry.config.name, SINGLE_FILE_VERSION),
+                    config=entry.config,
+                    path=entry.path.parent,
+                    pinned=entry.config.pinned,
+                    model_file=entry.path.name,
+                )
+            return
         for v in served_versions(entry.path, entry.config.version_policy):
             key = ModelKey(entry.config.name, str(v))
             if key.version not in entry.versions:
@@ -242,6 +269,18 @@ class ModelManager:
                     path=entry.path / key.version,
                     pinned=entry.config.pinned,
                 )
+
+    def missing_reason(self, entry: ModelEntry) -> str:
+        """Why ``entry`` has no version to serve (folder missing, empty, none the policy takes)."""
+        return missing_versions_reason(entry.path, entry.config.version_policy)
+
+    def _field(self, entry: ModelEntry, name: str = "") -> str:
+        """``<yaml file>: models[i].<name>`` of a configured model (or the model's name)."""
+        for i, cfg in enumerate(self._settings.models):
+            if cfg.name == entry.config.name:
+                where = f"models[{i}]" + (f".{name}" if name else "")
+                return f"{self._settings.config_file or '<settings>'}: {where}"
+        return f"model {entry.config.name!r}"
 
     def records(self) -> Iterable[ModelRecord]:
         """Every known model version."""
@@ -263,8 +302,7 @@ class ModelManager:
             if route is None:
                 if not entry.versions:
                     raise ModelNotFoundError(
-                        f"model {name!r} has no version folders in "
-                        f"{shown_path(self._settings.repository_root, entry.path)}"
+                        f"model {name!r} has no version to serve: {self.missing_reason(entry)}"
                     )
                 return entry.versions[max(entry.versions, key=int)]
             version = route.pick(self._rng)
@@ -301,13 +339,25 @@ class ModelManager:
 
     # ----------------------------------------------------------------- lifecycle
 
-    async def start(self) -> None:
-        """Preload the models whose config asks for it, concurrently."""
-        preloads = [
-            self.resolve(e.config.name, None)
+    async def start(self) -> list[str]:
+        """Preload the models whose config asks for it, concurrently.
+
+        Returns one line per model with ``preload: true`` that cannot serve (no version,
+        or a failed load), naming the file, field and reason; the caller decides whether
+        that stops the start (``exit_on_error``). Those models stay listed as FAILED.
+        """
+        problems = [
+            f"{self._field(e, 'path')}: {self.missing_reason(e)}"
             for e in self.entries.values()
-            if e.config.preload and e.versions
+            if e.config.preload and not e.versions
         ]
+        preloads = []
+        for e in self.entries.values():
+            if e.config.preload and e.versions:
+                try:
+                    preloads.append(self.resolve(e.config.name, None))
+                except ServerError as exc:
+                    problems.append(f"{self._field(e, 'default_version')}: {exc}")
         results = await asyncio.gather(
             *(self.ensure_ready(r, deadline=None, cold_start=False) for r in preloads),
             return_exceptions=True,
@@ -315,6 +365,9 @@ class ModelManager:
         for record, result in zip(preloads, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("preload of %s failed: %s", record.key, result)
+                entry = self.entries[record.key.name]
+                problems.append(f"{self._field(entry)}: preload of {record.key}: {result}")
+        return problems
 
     async def close(self) -> None:
         """Unload everything and stop background tasks."""
@@ -481,6 +534,7 @@ class ModelManager:
             share_weights=cfg.share_weights,
             device=cfg.device,
             options=dict(cfg.options),
+            model_file=record.model_file,
         )
         warmup = (
             {k: np.asarray(v) for k, v in cfg.warmup_inputs.items()} if cfg.warmup_inputs else None

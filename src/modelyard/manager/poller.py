@@ -36,8 +36,10 @@ class RepositoryPoller:
     def start(self) -> None:
         """Start polling in the background."""
         for entry in self.manager.entries.values():
-            # What was there at start-up is known already; only changes matter.
-            self.watcher.scan(entry.path, set(entry.versions))
+            # What was there at start-up is known already; only changes matter (a version
+            # that failed to load at start is offered again once its files change).
+            for version in entry.versions:
+                self.watcher.note_taken(entry.path / version)
         self._task = asyncio.create_task(self._run())
 
     async def close(self) -> None:
@@ -60,7 +62,12 @@ class RepositoryPoller:
     async def poll_once(self, entry: ModelEntry) -> None:
         """Apply one scan of ``entry``'s folder."""
         name = entry.config.name
-        result = await asyncio.to_thread(self.watcher.scan, entry.path, set(entry.versions))
+        if any(r.model_file for r in entry.versions.values()):
+            return  # a config path naming one file: there are no version folders to follow
+        refused = {v for v, r in entry.versions.items() if r.state is ModelState.FAILED}
+        result = await asyncio.to_thread(
+            self.watcher.scan, entry.path, set(entry.versions), refused
+        )
         for version in result.removed:
             await self._remove(entry, version)
         if not result.ready:
@@ -68,18 +75,31 @@ class RepositoryPoller:
         allowed = {str(v) for v in served_versions(entry.path, entry.config.version_policy)}
         for version in result.ready:
             record = self.manager.record_for(name, version)
-            log.info("new version %s found", record.key)
+            if version in refused:
+                log.info("refused version %s changed on disk; offering it again", record.key)
+            else:
+                log.info("new version %s found", record.key)
         newest = max((v for v in result.ready if v in allowed), key=int, default=None)
-        current = self.versions.current_versions(entry, DEFAULT_ALIAS)
+        route = entry.aliases.get(DEFAULT_ALIAS)
+        # Only versions still there count: a default left pointing nowhere is replaced.
+        current = [v for v in route.versions if v in entry.versions] if route else []
         if newest is None or (current and int(newest) <= max(int(v) for v in current)):
             return
         try:
             await self.versions.set_alias(name, DEFAULT_ALIAS, {newest: 1.0})
         except ServerError as exc:
             log.error("version %s:%s refused; %s keeps serving: %s", name, newest, current, exc)
+            if not current:
+                # Unversioned requests must still find the best version there is.
+                self._fall_back(entry, DEFAULT_ALIAS, removed=None)
 
-    def _fall_back(self, entry: ModelEntry, alias: str, removed: str) -> None:
-        """Point ``alias`` at its newest earlier route that still exists and did not fail."""
+    def _fall_back(self, entry: ModelEntry, alias: str, removed: str | None) -> None:
+        """Point ``alias`` at its newest earlier route that still exists and did not fail.
+
+        The default alias, with no such route, goes to the newest version that is READY,
+        else to the newest one that may still load; with none, it is unset (unversioned
+        requests then get 404 naming the missing versions).
+        """
 
         def usable(v: str) -> bool:
             r = entry.versions.get(v)
@@ -90,10 +110,11 @@ class RepositoryPoller:
                 entry.aliases[alias] = route
                 return
         candidates = [v for v in entry.versions if usable(v)]
+        ready = [v for v in candidates if entry.versions[v].is_ready]
         if alias == DEFAULT_ALIAS and candidates:
-            entry.aliases[alias] = AliasRoute(((max(candidates, key=int), 1.0),))
+            entry.aliases[alias] = AliasRoute(((max(ready or candidates, key=int), 1.0),))
         else:
-            del entry.aliases[alias]
+            entry.aliases.pop(alias, None)
 
     async def _remove(self, entry: ModelEntry, version: str) -> None:
         name = entry.config.name

@@ -81,6 +81,8 @@ class ModelRecord:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     pinned: bool = False
     state_since: float = field(default_factory=time.monotonic)
+    model_file: str = ""
+    """The one file to load in ``path`` when the config's ``path`` names a file."""
 
     @property
     def is_ready(self) -> bool:
@@ -129,6 +131,9 @@ class AliasRoute:
 
 DEFAULT_ALIAS = "default"
 """The alias requests get when they name no version."""
+
+SINGLE_FILE_VERSION = "1"
+"""The version of a model whose config ``path`` names one model file."""
 
 
 @dataclass(eq=False)

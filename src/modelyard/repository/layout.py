@@ -26,6 +26,18 @@ def served_versions(model_dir: Path, policy: VersionPolicy) -> list[int]:
     return versions[-n:]
 
 
+def missing_versions_reason(model_dir: Path, policy: VersionPolicy) -> str:
+    """Why ``model_dir`` offers no version to serve: missing, empty, or none the policy takes."""
+    if not model_dir.exists():
+        return f"{model_dir} does not exist"
+    found = list_versions(model_dir)
+    if not found:
+        return f"{model_dir} has no version folders (<model>/<version>/<files>)"
+    wanted = policy.model_dump(exclude_defaults=True) or {"latest": policy.latest}
+    listed = ", ".join(str(v) for v in found)
+    return f"no version folder in {model_dir} matches version_policy {wanted} (found: {listed})"
+
+
 def version_dir(model_dir: Path, version: int) -> Path:
     """The folder of one version."""
     return model_dir / str(version)

@@ -1,7 +1,9 @@
 """Repository polling: notices new and removed version folders, never half-written ones.
 
 A new version is *taken* once its manifest exists (writers put it last), or, without a
-manifest, once its files (names, sizes, mtimes) have not changed for ``settle_s``.
+manifest, once its files (names, sizes, mtimes) have not changed for ``settle_s``. A
+version that was taken and then refused (corrupt, bad manifest, taken early from a slow
+writer) is offered again, by the same rules, as soon as its files change.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class ScanResult:
     """What changed in one model folder since the last scan."""
 
     ready: list[str] = field(default_factory=list)
-    """New version folders that are complete (manifest present, or settled)."""
+    """New (or refused and since changed) version folders that are complete."""
     removed: list[str] = field(default_factory=list)
     """Known versions whose folders are gone."""
 
@@ -46,13 +48,22 @@ class RepositoryWatcher:
         self._seen: dict[Path, tuple[Signature, float]] = {}
         self._taken: dict[Path, Signature] = {}
 
-    def scan(self, model_dir: Path, known: set[str]) -> ScanResult:
-        """Compare the folder with ``known`` versions; report complete new ones and removals."""
+    def scan(self, model_dir: Path, known: set[str], refused: set[str] | None = None) -> ScanResult:
+        """Compare the folder with ``known`` versions; report complete new ones and removals.
+
+        ``refused`` versions (among ``known``, refused when offered) are offered again
+        once their files differ from what was offered last time.
+        """
         result = ScanResult()
         on_disk = {str(v) for v in list_versions(model_dir)}
         result.removed = sorted(v for v in known if v not in on_disk)
+        for version in result.removed:
+            # A folder restored later (even byte for byte) is a new version again.
+            self._seen.pop(model_dir / version, None)
+            self._taken.pop(model_dir / version, None)
         now = self._clock()
-        for version in sorted(on_disk - known, key=int):
+        retry = (refused or set()) & on_disk
+        for version in sorted((on_disk - known) | retry, key=int):
             vdir = model_dir / version
             sig = folder_signature(vdir)
             if self._taken.get(vdir) == sig:
@@ -67,6 +78,10 @@ class RepositoryWatcher:
                 self._taken[vdir] = sig
                 result.ready.append(version)
         return result
+
+    def note_taken(self, version_dir: Path) -> None:
+        """Remember ``version_dir`` as offered in its present state (known at start-up)."""
+        self._taken[version_dir] = folder_signature(version_dir)
 
     def forget(self, version_dir: Path) -> None:
         """Let a refused version be offered again (e.g. after an explicit load)."""

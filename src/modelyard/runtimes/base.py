@@ -46,6 +46,9 @@ class RuntimeSpec:
     """Keep ONNX external-data weights memory-mapped so replicas share the page cache."""
     device: str = "cpu"
     options: dict[str, str] = field(default_factory=dict)
+    model_file: str = ""
+    """The file in ``version_dir`` to load (a config whose ``path`` names one file);
+    empty: the runtime finds its file in the folder."""
 
 
 class Runtime(Protocol):
@@ -106,11 +109,18 @@ class DeclaredTensors:
         return all(t.shape and t.shape[0] == -1 for t in (*self._inputs, *self._outputs))
 
 
-def find_model_file(version_dir: Path, suffixes: tuple[str, ...]) -> Path:
-    """The single model file in ``version_dir`` with one of ``suffixes``.
+def find_model_file(version_dir: Path, suffixes: tuple[str, ...], name: str = "") -> Path:
+    """The single model file in ``version_dir`` with one of ``suffixes`` (or the one ``name``d).
 
-    Raises ``FileNotFoundError`` with a message naming the folder and suffixes.
+    Raises ``FileNotFoundError`` with a message naming the folder (or file) and suffixes.
     """
+    if name:
+        path = version_dir / name
+        if not path.is_file():
+            raise FileNotFoundError(f"model file {path} does not exist")
+        if not name.endswith(suffixes):
+            raise FileNotFoundError(f"model file {path} is not a {'/'.join(suffixes)} file")
+        return path
     candidates = sorted(
         p for p in version_dir.iterdir() if p.is_file() and p.name.endswith(suffixes)
     )

@@ -58,7 +58,7 @@ class OnnxRuntime(DeclaredTensors):
         """Create the session; the model file is ``model.onnx`` or the only ``.onnx``."""
         import onnxruntime as ort
 
-        path = find_model_file(Path(spec.version_dir), (".onnx",))
+        path = find_model_file(Path(spec.version_dir), (".onnx",), spec.model_file)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = spec.intra_op_threads
         opts.inter_op_num_threads = 1

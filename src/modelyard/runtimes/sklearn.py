@@ -42,7 +42,7 @@ class SklearnRuntime:
     def load(self, spec: RuntimeSpec) -> None:
         """Load the single model file of the version."""
         version_dir = Path(spec.version_dir)
-        path = find_model_file(version_dir, (".onnx", ".skops", ".pkl", ".joblib"))
+        path = find_model_file(version_dir, (".onnx", ".skops", ".pkl", ".joblib"), spec.model_file)
         if path.suffix == ".onnx":
             self._onnx = OnnxRuntime()
             self._onnx.load(spec)
