@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modelyard.config.model_config import ModelConfig
+from modelyard.manager.retry import LoadBackoff
 from modelyard.manager.states import ModelState
 
 if TYPE_CHECKING:
@@ -81,6 +82,8 @@ class ModelRecord:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     pinned: bool = False
     state_since: float = field(default_factory=time.monotonic)
+    backoff: LoadBackoff = field(default_factory=LoadBackoff)
+    """When requests may retry a failed load."""
 
     @property
     def is_ready(self) -> bool:
