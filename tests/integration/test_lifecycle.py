@@ -209,8 +209,9 @@ async def test_a_failed_load_answers_503_with_retry_after_and_backs_off(
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.ModelInfer(GRPC_ADD_REQUEST)
         assert info.value.code() is grpc.StatusCode.UNAVAILABLE
-        trailers: dict[str, Any] = {m.key: m.value for m in info.value.trailing_metadata() or ()}
-        assert trailers.get("retry-after") == "1"
+        # grpc-stubs types these as the sync API's objects; grpc.aio returns a Metadata.
+        trailers: Any = info.value.trailing_metadata()
+        assert dict(trailers)["retry-after"] == "1"
         # After it, one retry, which fails again: the wait doubles.
         while events(app, "load_failed", "broken") == 1:
             retry = await client.post("/v2/models/broken/infer", json=ADD_BODY)

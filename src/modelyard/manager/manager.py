@@ -366,7 +366,7 @@ class ModelManager:
         self._set_state(record, ModelState.FAILED, reason)
         delay = record.backoff.failed(time.monotonic(), record.path)
         self.events.add(event, record.key, reason)
-        log.error("%s: %s; requests retry it in %.0f s", event, reason, delay)
+        log.error("%s of %s: %s; requests may retry it in %.0f s", event, record.key, reason, delay)
 
     async def _load(self, record: ModelRecord, *, prefetch: bool = False) -> None:
         """Load ``record`` (the one shared load task), bounded by its ``load_timeout_ms``.
