@@ -26,9 +26,15 @@ class SlowLoadModel:
     outputs = [TensorSpec("y", "FP32", (-1, 1))]
 
     def load(self, version_dir: str) -> None:
-        """Take :data:`LOAD_S` seconds, or as many as the folder's ``load_s`` file says."""
+        """Take :data:`LOAD_S` seconds, or as many as the folder's ``load_s`` file says
+        (then first write a ``loading`` file beside it, for a test to wait on)."""
         override = Path(version_dir) / "load_s"
-        time.sleep(float(override.read_text()) if override.exists() else LOAD_S)
+        if not override.exists():
+            time.sleep(LOAD_S)
+            return
+        load_s = float(override.read_text())
+        (Path(version_dir) / "loading").touch()
+        time.sleep(load_s)
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Echo."""

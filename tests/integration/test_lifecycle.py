@@ -258,9 +258,11 @@ async def test_removing_a_version_folder_while_it_loads_stops_the_load(tmp_path:
         await wait_for_state(app, "slow", "LOADING")
         budget = app.manager.budget.device("cpu")
         assert budget.reserved_bytes == 20 * MIB
-        while len(_descendants() - idle) == 0:
+        give_up = time.monotonic() + 10
+        while not (tmp_path / "slow" / "1" / "loading").exists():
+            assert time.monotonic() < give_up, "the worker never began loading"
             await asyncio.sleep(0.02)
-        await asyncio.sleep(0.5)  # the worker is inside its 3 s load now
+        assert _descendants() - idle, "the loading worker is not in the process tree"
         shutil.rmtree(tmp_path / "slow" / "1")
         t0 = time.monotonic()
         while "1" in app.manager.entry("slow").versions or budget.reserved_bytes:
@@ -272,6 +274,8 @@ async def test_removing_a_version_folder_while_it_loads_stops_the_load(tmp_path:
         r = await request
         assert r.status_code in (404, 503), r.text
         assert time.monotonic() - t0 < 2.0, "the waiting request was answered late"
+        assert events(app, "load_failed", "slow") == 0, "the load failed instead of stopping"
+        assert events(app, "removed", "slow") == 1
 
 
 # ------------------------------------------------------------------ item 9: owned tasks
