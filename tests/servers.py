@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -55,8 +57,8 @@ async def running_server(
     await assert_nothing_left(app, tasks_before, children_before)
 
 
-LEFTOVER_WAIT_S = 3.0
-"""How long a stopped server's processes and tasks get to finish before they count as left."""
+EXIT_WAIT_S = 3.0
+"""How long a stopped server's worker processes get to exit before they count as left."""
 
 
 async def assert_nothing_left(
@@ -64,8 +66,9 @@ async def assert_nothing_left(
 ) -> None:
     """After ``app.stop()``: no worker process, no reservation and no task may be left.
 
-    Every background task must have an owner that cancels it, and every worker must
-    exit with its model; a leak here would grow with every load in a long-lived server.
+    Every background task must have an owner that cancels it before ``stop`` returns,
+    and every worker must exit with its model; a leak here would grow with every load
+    in a long-lived server.
     """
     reserved = {
         name: dict(dev.reservations)
@@ -73,24 +76,34 @@ async def assert_nothing_left(
         if dev.reserved_bytes
     }
     assert not reserved, f"reservations left after stop: {reserved}"
+    await asyncio.sleep(0)  # a task cancelled by stop() takes its last step
     me = asyncio.current_task()
-    give_up = time.monotonic() + LEFTOVER_WAIT_S
+    tasks = [t for t in asyncio.all_tasks() - tasks_before if t is not me and not t.done()]
+    assert not tasks, f"tasks left after stop: {[t.get_coro() for t in tasks]}"
+    give_up = time.monotonic() + EXIT_WAIT_S
     while True:
-        tasks = [t for t in asyncio.all_tasks() - tasks_before if t is not me and not t.done()]
         children = [
             p
             for p in psutil.Process().children(recursive=True)
-            if p.pid not in children_before and _running(p)
+            if p.pid not in children_before and _is_worker(p)
         ]
-        if (not tasks and not children) or time.monotonic() > give_up:
+        if not children or time.monotonic() > give_up:
             break
         await asyncio.sleep(0.02)
     assert not children, f"worker processes left after stop: {children}"
-    assert not tasks, f"tasks left after stop: {[t.get_coro() for t in tasks]}"
 
 
-def _running(process: psutil.Process) -> bool:
+def _is_worker(process: psutil.Process) -> bool:
+    """A live process of this interpreter: the fork server or a model's worker.
+
+    Other children (a browser a test drives) are the test's, not the server's.
+    """
     try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return os.path.realpath(process.exe()) == _INTERPRETER
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
+
+
+_INTERPRETER = os.path.realpath(sys.executable)
