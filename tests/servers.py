@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import sys
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import yaml
 
 from modelyard.app import App
@@ -39,6 +44,8 @@ async def running_server(
     if not grpc and settings.grpc_port is not None:
         settings = settings.model_copy(update={"grpc_port": None})
     app = App(settings)
+    tasks_before = asyncio.all_tasks()
+    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
     await app.start()
     try:
         async with httpx.AsyncClient(
@@ -47,3 +54,56 @@ async def running_server(
             yield app, client
     finally:
         await app.stop()
+    await assert_nothing_left(app, tasks_before, children_before)
+
+
+EXIT_WAIT_S = 3.0
+"""How long a stopped server's worker processes get to exit before they count as left."""
+
+
+async def assert_nothing_left(
+    app: App, tasks_before: set[asyncio.Task[Any]], children_before: set[int]
+) -> None:
+    """After ``app.stop()``: no worker process, no reservation and no task may be left.
+
+    Every background task must have an owner that cancels it before ``stop`` returns,
+    and every worker must exit with its model; a leak here would grow with every load
+    in a long-lived server.
+    """
+    reserved = {
+        name: dict(dev.reservations)
+        for name, dev in app.manager.budget.devices.items()
+        if dev.reserved_bytes
+    }
+    assert not reserved, f"reservations left after stop: {reserved}"
+    await asyncio.sleep(0)  # a task cancelled by stop() takes its last step
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() - tasks_before if t is not me and not t.done()]
+    assert not tasks, f"tasks left after stop: {[t.get_coro() for t in tasks]}"
+    give_up = time.monotonic() + EXIT_WAIT_S
+    while True:
+        children = [
+            p
+            for p in psutil.Process().children(recursive=True)
+            if p.pid not in children_before and _is_worker(p)
+        ]
+        if not children or time.monotonic() > give_up:
+            break
+        await asyncio.sleep(0.02)
+    assert not children, f"worker processes left after stop: {children}"
+
+
+def _is_worker(process: psutil.Process) -> bool:
+    """A live process of this interpreter: the fork server or a model's worker.
+
+    Other children (a browser a test drives) are the test's, not the server's.
+    """
+    try:
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return os.path.realpath(process.exe()) == _INTERPRETER
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+_INTERPRETER = os.path.realpath(sys.executable)

@@ -145,9 +145,14 @@ class WorkerCrashedError(ServerError):
 
 
 class ModelLoadError(ServerError):
-    """Loading the model failed (bad file, runtime error, failed verification)."""
+    """Loading the model failed (bad file, runtime error, failed verification).
+
+    It is the model's state, not a server fault: clients may retry after the backoff
+    its ``retry_after_s`` names (sooner if the model's files are replaced).
+    """
 
     code = ErrorCode.MODEL_LOAD_FAILED
+    retryable = True
 
 
 class CircuitOpenError(ServerError):

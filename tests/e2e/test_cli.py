@@ -16,6 +16,9 @@ import pytest
 
 from modelyard.config.settings import load_settings
 
+IRIS = [5.1, 3.5, 1.4, 0.2]
+"""The first iris flower (a setosa: class 0)."""
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -96,6 +99,18 @@ def test_readme_curl_line_works(server: str) -> None:
     )
     assert r.status_code == 200, r.text
     assert r.json()["outputs"]["label"] == [0]
+
+
+def test_the_examples_cold_model_answers_its_first_request(server: str) -> None:
+    # iris-skops loads on demand in about its timeout_ms (1000): the load does not count.
+    r = httpx.post(
+        f"{server}/v2/models/iris-skops/infer",
+        json={"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP64", "data": IRIS}]},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    predict = next(o for o in r.json()["outputs"] if o["name"] == "predict")
+    assert predict["data"] == [0]
 
 
 def test_models_command_lists_states(server: str) -> None:

@@ -134,7 +134,7 @@ CASES = [
     ),
     Case(
         "failed-model",
-        500,
+        503,
         "failed to load",
         _j({"inputs": [_tensor()]}),
         path="/v2/models/corrupt/infer",

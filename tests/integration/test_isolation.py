@@ -359,7 +359,7 @@ async def test_model_whose_load_raises(model_root: Path, tmp_path: Path) -> None
     cfg = write_config(tmp_path, models, model_repository=str(model_root))
     async with running_server(cfg) as (_, client):
         r = await client.post("/v2/models/failing-load/infer", json=_x(0.5))
-        assert r.status_code == 500, r.text
+        assert r.status_code == 503, r.text
         assert "refuses to load" in _error(r)
         row = await _index_row(client, "failing-load")
         assert row["state"] == "FAILED", row
@@ -368,7 +368,7 @@ async def test_model_whose_load_raises(model_root: Path, tmp_path: Path) -> None
         assert ready.status_code == 400, ready.text
 
         explicit = await client.post("/v2/repository/models/failing-load/load")
-        assert explicit.status_code == 500, explicit.text
+        assert explicit.status_code == 503, explicit.text
         assert "refuses to load" in _error(explicit)
         assert (await _index_row(client, "failing-load"))["state"] == "FAILED"
 

@@ -194,16 +194,17 @@ async def test_failed_load_is_reported(config_file: Path) -> None:
     async with running_server(config_file) as (_, client):
         body = {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [0] * 4}]}
         r = await client.post("/v2/models/corrupt/infer", json=body)
-        assert r.status_code == 500
+        assert r.status_code == 503
+        assert "retry-after" in r.headers
         assert "corrupt" in r.json()["error"]
         index = (await client.post("/v2/repository/index", json={})).json()
         row = next(r for r in index if r["name"] == "corrupt")
         assert row["state"] == "FAILED"
         assert row["reason"]
         r = await client.post("/v2/models/corrupt/infer", json=body)
-        assert r.status_code == 500, "a failed model is not retried by every request"
+        assert r.status_code == 503, "a failed model is not retried by every request"
         r = await client.post("/v2/repository/models/corrupt/load", json={})
-        assert r.status_code == 500
+        assert r.status_code == 503
         assert "failed to load" in r.json()["error"]
 
 

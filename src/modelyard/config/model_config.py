@@ -76,7 +76,15 @@ class ModelConfig(BaseModel):
     priority: int = Field(default=3, ge=1, le=10)
     """1 is the most important: evicted last, dequeued first."""
     timeout_ms: PositiveInt = 10_000
-    """Default request deadline (queue plus execution); a request may shorten it."""
+    """Default request deadline (queue plus execution); a request may shorten it.
+
+    A request that has to wait for the model to load gets this much time after the
+    load, so a cold model's first request does not time out by design; a deadline the
+    client sets itself (``timeout`` parameter, ``X-Modelyard-Timeout-Ms``, gRPC
+    deadline) still caps the request's total time, load included."""
+    load_timeout_ms: PositiveInt = 120_000
+    """Longest a load may take (waiting for memory, starting, warming up); past it the
+    load fails. Requests waiting for the load never shorten it."""
     isolation: Isolation = "process"
     """``process``: own worker process; ``inline``: in the server process (tiny models)."""
     memory_limit_mb: float | None = Field(default=None, gt=0)
@@ -114,3 +122,8 @@ class ModelConfig(BaseModel):
     def timeout_s(self) -> float:
         """Default deadline in seconds."""
         return self.timeout_ms / 1000.0
+
+    @property
+    def load_timeout_s(self) -> float:
+        """Load deadline in seconds."""
+        return self.load_timeout_ms / 1000.0

@@ -129,13 +129,18 @@ class DataPlane:
             meta["outputs"] = [t.to_dict() for t in record.info.outputs]
         return meta
 
-    async def model_metadata_loaded(self, name: str, version: str | None) -> dict[str, object]:
-        """Metadata, loading the model first if its tensors are not known yet."""
+    async def model_metadata_loaded(
+        self, name: str, version: str | None, timeout_s: float | None = None
+    ) -> dict[str, object]:
+        """Metadata, loading the model first if its tensors are not known yet.
+
+        The wait for the load is bounded by the client's own ``timeout_s`` if it gave one,
+        else by the model's ``load_timeout_ms`` (a load is not held to ``timeout_ms``).
+        """
         record = self.manager.resolve(check_model_name(name), check_version_name(version))
         if record.info is None:
-            await self.manager.ensure_ready(
-                record, deadline=time.monotonic() + record.config.timeout_s
-            )
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            await self.manager.ensure_ready(record, deadline=deadline)
         return self.model_metadata(name, version)
 
     # ------------------------------------------------------------------ inference
@@ -187,10 +192,15 @@ class DataPlane:
     ) -> InferResponse:
         manager = self.manager
         timeout_s = record.config.timeout_s
+        # The client's own deadline (timeout parameter, header, gRPC deadline) caps the
+        # request's total time; the model's timeout_ms covers queue and execution only,
+        # so a request that waits for a load gets its deadline extended by the wait.
+        client_deadline: float | None = None
         if request.timeout_s is not None:
             if request.timeout_s <= 0:
                 raise InvalidInputError("'timeout' must be positive")
             timeout_s = min(timeout_s, request.timeout_s)
+            client_deadline = started + request.timeout_s
         deadline = started + timeout_s
         manager.touch(record)
         # A lease marks the request as wanting this version, so eviction prefers others
@@ -202,12 +212,15 @@ class DataPlane:
                 if not record.is_ready:
                     waited = time.monotonic()
                     try:
-                        await manager.ensure_ready(record, deadline=deadline)
+                        await manager.ensure_ready(record, deadline=client_deadline)
                     finally:
                         if self.metrics is not None:
                             self.metrics.cold_start_wait(
                                 record.key.name, record.key.version, time.monotonic() - waited
                             )
+                    deadline += time.monotonic() - waited
+                    if client_deadline is not None:
+                        deadline = min(deadline, client_deadline)
                 info = record.info
                 scheduler = record.scheduler
                 if info is None or scheduler is None or not scheduler.is_accepting:

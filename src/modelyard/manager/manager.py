@@ -73,8 +73,6 @@ _MIB = 1024 * 1024
 _SIZE_GUESS_FACTOR = 1.2
 _SIZE_GUESS_BASE_BYTES = 4 * _MIB
 _RESTART_BACKOFF_S = (0.05, 0.25, 1.0, 2.0, 5.0)
-# A model whose load failed is not retried by requests for this long.
-_FAILED_RETRY_S = 10.0
 # How often one caller may see its model loaded and evicted again before giving up.
 _ENSURE_ATTEMPTS = 4
 
@@ -380,10 +378,19 @@ class ModelManager:
             return_exceptions=True,
         )
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``coro`` as a task the manager owns: :meth:`close` cancels it."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        # Read the outcome so that nothing is reported as "never retrieved": a load's
+        # waiters may all have given up, and its failure is in the record already.
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("background task %s ended with %r", task.get_name(), task.exception())
 
     def _set_state(self, record: ModelRecord, state: ModelState, reason: str = "") -> None:
         if record.state is not state and not can_transition(record.state, state):
@@ -398,19 +405,26 @@ class ModelManager:
         """Return ``record`` once READY, starting one load if none is running.
 
         Concurrent callers share the one load task; each waits only until its own
-        ``deadline`` (monotonic seconds), and a caller giving up does not cancel it.
+        ``deadline`` (monotonic seconds, None: until the load ends), and a caller giving
+        up neither cancels nor fails the load, which only the model's own
+        ``load_timeout_ms`` bounds. A failed model is retried by requests only once its
+        backoff has passed (or its files changed); ``cold_start=False`` (an explicit load)
+        retries at once.
         """
         if record.is_ready:
             return record
         if self._closing:
             raise ModelNotReadyError("server is shutting down")
-        if (
-            record.state is ModelState.FAILED
-            and cold_start
-            and time.monotonic() - record.state_since < _FAILED_RETRY_S
-        ):
-            # Don't retry a broken model on every request; an explicit load retries at once.
-            raise ModelLoadError(_load_failure(record), retry_after_s=_FAILED_RETRY_S)
+        entry = self.entries.get(record.key.name)
+        if entry is None or entry.versions.get(record.key.version) is not record:
+            raise ModelNotFoundError(f"model {record.key} was removed from the repository")
+        if record.state is ModelState.FAILED:
+            if not cold_start:
+                record.backoff.reset()
+            wait_s = record.backoff.wait_s(time.monotonic(), record.path)
+            if wait_s > 0:
+                # Don't retry a broken model on every request: say why, and when to retry.
+                raise ModelLoadError(_load_failure(record), retry_after_s=wait_s)
         started = time.monotonic()
         counted = False
         try:
@@ -419,7 +433,7 @@ class ModelManager:
             for _ in range(_ENSURE_ATTEMPTS):
                 task = record.load_task
                 if task is None or task.done():
-                    task = asyncio.ensure_future(self._load(record, deadline))
+                    task = self._spawn(self._load(record))
                     record.load_task = task
                     if cold_start and not counted:
                         record.stats.cold_starts += 1
@@ -431,8 +445,18 @@ class ModelManager:
                     raise DeadlineExceededError(
                         f"model {record.key} is still loading; the request's deadline passed"
                     ) from None
+                except asyncio.CancelledError:
+                    me = asyncio.current_task()
+                    if me is not None and me.cancelling():
+                        raise  # this caller was cancelled, not the load
+                    raise ModelNotReadyError(
+                        f"the load of {record.key} was stopped: {record.reason or 'cancelled'}"
+                    ) from None
                 if record.state is ModelState.FAILED:
-                    raise ModelLoadError(_load_failure(record))
+                    raise ModelLoadError(
+                        _load_failure(record),
+                        retry_after_s=record.backoff.wait_s(time.monotonic(), record.path) or None,
+                    )
                 if record.is_ready:
                     return record
                 if self._closing:
@@ -449,9 +473,19 @@ class ModelManager:
         guess = int(dir_size_bytes(record.path) * _SIZE_GUESS_FACTOR) + _SIZE_GUESS_BASE_BYTES
         return max(declared, measured, guess)
 
-    async def _load(
-        self, record: ModelRecord, deadline: float | None, *, prefetch: bool = False
-    ) -> None:
+    def _fail(self, record: ModelRecord, reason: str, event: str) -> None:
+        """Mark a genuine load failure: FAILED with its reason, retried after a backoff."""
+        self._set_state(record, ModelState.FAILED, reason)
+        delay = record.backoff.failed(time.monotonic(), record.path)
+        self.events.add(event, record.key, reason)
+        log.error("%s of %s: %s; requests may retry it in %.0f s", event, record.key, reason, delay)
+
+    async def _load(self, record: ModelRecord, *, prefetch: bool = False) -> None:
+        """Load ``record`` (the one shared load task), bounded by its ``load_timeout_ms``.
+
+        No request's deadline reaches in here: callers wait on this task each within
+        their own deadline, so an impatient caller cannot fail the load for the others.
+        """
         async with record.lock:
             if record.is_ready:
                 return
@@ -460,6 +494,8 @@ class ModelManager:
                 async with self._budget_changed:
                     await self._budget_changed.wait()
             t0 = time.monotonic()
+            load_timeout_s = record.config.load_timeout_s
+            deadline = t0 + load_timeout_s
             try:
                 verified = await asyncio.to_thread(
                     verify_manifest,
@@ -468,38 +504,66 @@ class ModelManager:
                     require=self._settings.require_manifest,
                 )
             except ServerError as exc:
-                self._set_state(record, ModelState.FAILED, str(exc))
-                self.events.add("verify_failed", record.key, str(exc))
-                log.error("refusing %s: %s", record.key, exc)
+                self._fail(record, str(exc), "verify_failed")
                 return
             if not verified and record.stats.loads == 0:
                 log.warning("%s has no manifest; loading it unverified", record.key)
             need = self.estimate_bytes(record)
             try:
                 await self._admit(record, need, deadline, may_evict=not prefetch)
+            except DeadlineExceededError:
+                if prefetch:
+                    return
+                self._fail(
+                    record,
+                    f"model {record.key} waited for memory longer than its load timeout "
+                    f"({record.config.load_timeout_ms} ms)",
+                    "load_failed",
+                )
+                return
             except ServerError as exc:
                 if prefetch:
                     return  # a guess that no longer fits is simply dropped
+                # A refusal is not the model's fault: the next request asks the budget
+                # again (that costs no load), so no backoff.
                 self._set_state(record, ModelState.FAILED, str(exc))
                 self.events.add("load_refused", record.key, str(exc))
                 raise
-            # Keep a restart's reason ("worker died …") visible while this load runs.
-            restarting = record.state is ModelState.LOADING
-            self._set_state(record, ModelState.LOADING, record.reason if restarting else "")
+            # Keep a restart's reason ("worker died …") visible while this load runs, and
+            # a retried failure's, so the index never hides why the model is not ready.
+            if record.state is ModelState.LOADING:
+                reason = record.reason
+            elif record.state is ModelState.FAILED:
+                reason = f"retrying after: {record.reason}"
+            else:
+                reason = ""
+            self._set_state(record, ModelState.LOADING, reason)
             record.timings.queue_wait_s = time.monotonic() - t0
             try:
-                await self._start_instance(record)
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await self._start_instance(record)
             except BaseException as exc:
+                # Stop what was started before giving the memory back (invariant 1).
+                await self._drop_instance(record)
                 self._release(record)
-                reason = (
-                    str(exc) if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
-                )
-                self._set_state(record, ModelState.FAILED, reason)
-                self.events.add("load_failed", record.key, reason)
-                log.error("load of %s failed: %s", record.key, reason)
                 if isinstance(exc, asyncio.CancelledError):
+                    # Removed, or the server is closing: not the model's fault.
+                    self._set_state(record, ModelState.FAILED, "load cancelled")
+                    raise
+                if isinstance(exc, TimeoutError):
+                    reason = (
+                        f"model {record.key} did not load within its load timeout "
+                        f"({record.config.load_timeout_ms} ms)"
+                    )
+                elif isinstance(exc, ServerError):
+                    reason = str(exc)
+                else:
+                    reason = f"{type(exc).__name__}: {exc}"
+                self._fail(record, reason, "load_failed")
+                if not isinstance(exc, Exception):
                     raise
                 return
+            record.backoff.reset()
             record.timings.total_s = time.monotonic() - t0
             record.stats.loads += 1
             self.events.add(
@@ -553,6 +617,9 @@ class ModelManager:
         except Exception as exc:
             await instance.stop()
             raise ModelLoadError(f"model {record.key} failed to load: {exc}") from exc
+        except BaseException:
+            await instance.stop()  # cancelled (load timeout, removal, close): no orphan
+            raise
         record.instance = instance
         record.info = info
         record.timings.process_start_s = info.process_start_s
@@ -665,6 +732,14 @@ class ModelManager:
         self.budget.release(record.config.device, record.key)
         record.reserved_bytes = 0
 
+    async def _drop_instance(self, record: ModelRecord) -> None:
+        """Stop the instance (and close the scheduler) of a load that did not finish."""
+        instance, record.instance = record.instance, None
+        if record.scheduler is not None and self._on_unloaded is not None:
+            self._on_unloaded(record)
+        if instance is not None:
+            await instance.stop()
+
     # ----------------------------------------------------------------- unload / evict
 
     async def evict(self, record: ModelRecord, *, reason: str) -> None:
@@ -717,6 +792,24 @@ class ModelManager:
                 self.events.add("unloaded", record.key, reason)
             async with self._budget_changed:
                 self._budget_changed.notify_all()
+
+    async def remove_version(self, record: ModelRecord, *, reason: str) -> None:
+        """Forget a version whose folder is gone, whatever its state.
+
+        Unlike :meth:`unload`, a load in progress is no conflict: it is cancelled (its
+        files are gone), its worker stopped and its reservation released; a loaded
+        version is drained and unloaded. The record leaves the model first, so no new
+        request routes to it; requests waiting for its load get a typed error.
+        """
+        entry = self.entries.get(record.key.name)
+        if entry is not None and entry.versions.get(record.key.version) is record:
+            del entry.versions[record.key.version]
+        task = record.load_task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await self._unload(record, reason=reason)
+        self.events.add("removed", record.key, reason)
 
     async def load(
         self, name: str, version: str | None = None, config: Mapping[str, Any] | None = None
@@ -784,7 +877,7 @@ class ModelManager:
             except ServerError as exc:
                 log.warning("restart %d of %s failed: %s", attempt + 1, record.key, exc)
         self._release(record)
-        self._set_state(record, ModelState.FAILED, f"worker died ({reason}); restarts failed")
+        self._fail(record, f"worker died ({reason}); restarts failed", "restart_failed")
 
     # ----------------------------------------------------------------- views
 
@@ -823,8 +916,7 @@ class ModelManager:
             target.key,
             f"after {record.key.name} (p={guess.probability:.2f} over {guess.observations})",
         )
-        task = asyncio.ensure_future(self._load(target, None, prefetch=True))
-        target.load_task = task
+        target.load_task = self._spawn(self._load(target, prefetch=True))
 
     def model_path(self, name: str) -> Path:
         """Folder of a configured model."""

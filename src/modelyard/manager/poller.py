@@ -117,7 +117,6 @@ class RepositoryPoller:
             entry.aliases.pop(alias, None)
 
     async def _remove(self, entry: ModelEntry, version: str) -> None:
-        name = entry.config.name
         record = entry.versions.get(version)
         if record is None:
             return
@@ -129,6 +128,5 @@ class RepositoryPoller:
                 else:
                     self._fall_back(entry, alias, version)
         log.info("version folder %s removed; draining and unloading", record.key)
-        with contextlib.suppress(ServerError):
-            await self.manager.unload(name, version)
-        entry.versions.pop(version, None)
+        # Even a version still loading goes: its load is cancelled, its worker stopped.
+        await self.manager.remove_version(record, reason="version folder removed")

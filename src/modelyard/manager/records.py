@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modelyard.config.model_config import ModelConfig
+from modelyard.manager.retry import LoadBackoff
 from modelyard.manager.states import ModelState
 
 if TYPE_CHECKING:
@@ -83,6 +84,8 @@ class ModelRecord:
     state_since: float = field(default_factory=time.monotonic)
     model_file: str = ""
     """The one file to load in ``path`` when the config's ``path`` names a file."""
+    backoff: LoadBackoff = field(default_factory=LoadBackoff)
+    """When requests may retry a failed load."""
 
     @property
     def is_ready(self) -> bool:

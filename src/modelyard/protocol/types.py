@@ -6,10 +6,36 @@ numpy array by the time one is built, and the hot path must not validate per ele
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from modelyard.errors import InvalidInputError
+
+TIMEOUT_HEADER = "x-modelyard-timeout-ms"
+"""REST header, or gRPC metadata key, with the client's own deadline in milliseconds."""
+
+
+def header_timeout_s(value: str | bytes) -> float:
+    """Seconds from an ``X-Modelyard-Timeout-Ms`` value; InvalidInputError unless positive."""
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = math.nan
+    if not math.isfinite(ms) or ms <= 0:
+        raise InvalidInputError("X-Modelyard-Timeout-Ms must be a positive number of milliseconds")
+    return ms / 1000.0
+
+
+def earliest(timeout_s: float | None, other_s: float | None) -> float | None:
+    """The shorter of two optional client timeouts (None: not given)."""
+    if timeout_s is None:
+        return other_s
+    if other_s is None:
+        return timeout_s
+    return min(timeout_s, other_s)
 
 
 @dataclass(slots=True)
@@ -44,7 +70,8 @@ class InferRequest:
     priority: int | None = None
     """1 is the highest; None means the model's own priority."""
     timeout_s: float | None = None
-    """Client's deadline budget; may only shorten the model's ``timeout_ms``."""
+    """The client's own deadline budget: caps the request's total time, a load included,
+    and may only shorten the model's ``timeout_ms``."""
 
 
 @dataclass(slots=True)

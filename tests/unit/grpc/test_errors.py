@@ -18,7 +18,7 @@ EXPECTED: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
     ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
     ErrorCode.WORKER_CRASHED: grpc.StatusCode.UNAVAILABLE,
-    ErrorCode.MODEL_LOAD_FAILED: grpc.StatusCode.INTERNAL,
+    ErrorCode.MODEL_LOAD_FAILED: grpc.StatusCode.UNAVAILABLE,
     ErrorCode.CIRCUIT_OPEN: grpc.StatusCode.UNAVAILABLE,
     ErrorCode.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorCode.NOT_SUPPORTED: grpc.StatusCode.UNIMPLEMENTED,

@@ -72,7 +72,9 @@ class FakeDataPlane:
     def server_metadata(self) -> dict[str, object]:
         return {"name": "modelyard", "version": "0.1.0", "extensions": ["model_repository"]}
 
-    async def model_metadata_loaded(self, name: str, version: str | None) -> dict[str, object]:
+    async def model_metadata_loaded(
+        self, name: str, version: str | None, timeout_s: float | None = None
+    ) -> dict[str, object]:
         self._check(name)
         return {
             "name": name,

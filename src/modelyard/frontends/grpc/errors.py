@@ -16,7 +16,7 @@ GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
     ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
     ErrorCode.WORKER_CRASHED: grpc.StatusCode.UNAVAILABLE,
-    ErrorCode.MODEL_LOAD_FAILED: grpc.StatusCode.INTERNAL,
+    ErrorCode.MODEL_LOAD_FAILED: grpc.StatusCode.UNAVAILABLE,
     ErrorCode.CIRCUIT_OPEN: grpc.StatusCode.UNAVAILABLE,
     # gRPC itself answers RESOURCE_EXHAUSTED for a message over the size limit.
     ErrorCode.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,

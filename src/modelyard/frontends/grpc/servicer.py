@@ -31,7 +31,13 @@ from modelyard.frontends.grpc.errors import grpc_status
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from modelyard.protocol.names import check_model_name
-from modelyard.protocol.types import InferRequest, InferResponse
+from modelyard.protocol.types import (
+    TIMEOUT_HEADER,
+    InferRequest,
+    InferResponse,
+    earliest,
+    header_timeout_s,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +48,12 @@ _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 
 # Codes whose clients should back off and retry; mirrors the REST Retry-After header.
-_RETRY_LATER = (ErrorCode.OVERLOADED, ErrorCode.MEMORY_BUDGET, ErrorCode.CIRCUIT_OPEN)
+_RETRY_LATER = (
+    ErrorCode.OVERLOADED,
+    ErrorCode.MEMORY_BUDGET,
+    ErrorCode.CIRCUIT_OPEN,
+    ErrorCode.MODEL_LOAD_FAILED,
+)
 
 
 class DataPlaneProtocol(Protocol):
@@ -56,7 +67,9 @@ class DataPlaneProtocol(Protocol):
 
     def server_metadata(self) -> dict[str, object]: ...
 
-    async def model_metadata_loaded(self, name: str, version: str | None) -> dict[str, object]: ...
+    async def model_metadata_loaded(
+        self, name: str, version: str | None, timeout_s: float | None = None
+    ) -> dict[str, object]: ...
 
     async def infer(self, request: InferRequest) -> InferResponse: ...
 
@@ -98,6 +111,20 @@ def _translated(
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
 
     return wrapper
+
+
+def _client_timeout_s(context: Context) -> float | None:
+    """The shorter of the RPC's deadline and ``x-modelyard-timeout-ms`` metadata (None: neither)."""
+    timeout_s: float | None = None
+    for key, value in context.invocation_metadata() or ():
+        if key == TIMEOUT_HEADER:
+            timeout_s = earliest(timeout_s, header_timeout_s(value))
+    remaining_s = context.time_remaining()
+    if remaining_s is not None:
+        if remaining_s <= 0:
+            raise DeadlineExceededError("the client's deadline passed before the call began")
+        timeout_s = earliest(timeout_s, remaining_s)
+    return timeout_s
 
 
 def _version(version: str) -> str | None:
@@ -184,7 +211,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelMetadataResponse:
         """The model's versions, platform and tensors (loading it to learn them)."""
         meta: Mapping[str, Any] = await self.dataplane.model_metadata_loaded(
-            _model_name(request.name), _version(request.version)
+            _model_name(request.name), _version(request.version), _client_timeout_s(context)
         )
         response = pb.ModelMetadataResponse(
             name=str(meta["name"]),
@@ -202,14 +229,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: Context
     ) -> pb.ModelInferResponse:
-        """Run one inference; the client's deadline can only shorten the timeout."""
+        """Run one inference within the client's deadline: the RPC's own, the ``timeout``
+        parameter and ``x-modelyard-timeout-ms`` metadata, whichever ends first."""
         infer_request = request_from_proto(request, self.dataplane.max_request_elements)
-        remaining_s = context.time_remaining()
-        if remaining_s is not None:
-            if remaining_s <= 0:
-                raise DeadlineExceededError("the client's deadline passed before inference began")
-            if infer_request.timeout_s is None or remaining_s < infer_request.timeout_s:
-                infer_request.timeout_s = remaining_s
+        infer_request.timeout_s = earliest(infer_request.timeout_s, _client_timeout_s(context))
         response = await self.dataplane.infer(infer_request)
         message = response_to_proto(response)
         self.dataplane.check_response_bytes(message.ByteSize())

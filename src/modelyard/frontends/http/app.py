@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -22,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard.config.limits import LimitsConfig
 from modelyard.errors import (
+    DeadlineExceededError,
     InternalError,
     InvalidInputError,
     ModelNotReadyError,
@@ -40,7 +42,13 @@ from modelyard.frontends.http.codec import (
 from modelyard.frontends.http.errors import error_response
 from modelyard.protocol.datatypes import numpy_dtype
 from modelyard.protocol.documents import json_object
-from modelyard.protocol.types import InferInput, InferRequest
+from modelyard.protocol.types import (
+    TIMEOUT_HEADER,
+    InferInput,
+    InferRequest,
+    earliest,
+    header_timeout_s,
+)
 
 log = logging.getLogger("modelyard.http")
 
@@ -105,6 +113,24 @@ def _infer_headers(header_len: int | None) -> dict[str, str]:
         "content-type": "application/octet-stream",
         "inference-header-content-length": str(header_len),
     }
+
+
+def _schedule_policy(doc: dict[str, Any], header_ms: str | None) -> tuple[int | None, float | None]:
+    """``/predict``'s ``priority`` and client timeout (seconds), as the infer route reads them."""
+    priority = doc.get("priority")
+    if priority is not None and (
+        not isinstance(priority, int) or isinstance(priority, bool) or priority < 1
+    ):
+        raise InvalidInputError("'priority' must be a positive integer (1 is the highest)")
+    timeout_us = doc.get("timeout")
+    if timeout_us is not None and (
+        not isinstance(timeout_us, int | float) or isinstance(timeout_us, bool) or timeout_us <= 0
+    ):
+        raise InvalidInputError("'timeout' must be a positive number of microseconds")
+    timeout_s = None if timeout_us is None else float(timeout_us) / 1e6
+    if header_ms is not None:
+        timeout_s = earliest(timeout_s, header_timeout_s(header_ms))
+    return priority, timeout_s
 
 
 def _guard(handler: Handler) -> Handler:
@@ -185,7 +211,7 @@ class RestApi:
             p.get("version"),
             body,
             request.headers.get(HEADER_LENGTH),
-            request.headers.get("x-modelyard-timeout-ms"),
+            request.headers.get(TIMEOUT_HEADER),
             request.receive,
         )
         return Response(payload, headers=_infer_headers(header_len))
@@ -203,18 +229,19 @@ class RestApi:
         and, for binary outputs, the JSON header's length."""
         req = decode_request(body, header_length, model, version, self.dp.max_request_elements)
         if timeout_ms is not None:
-            try:
-                header_s = float(timeout_ms) / 1000.0
-            except ValueError:
-                raise InvalidInputError("X-Modelyard-Timeout-Ms must be a number") from None
-            req.timeout_s = header_s if req.timeout_s is None else min(req.timeout_s, header_s)
+            req.timeout_s = earliest(req.timeout_s, header_timeout_s(timeout_ms))
         resp = await _unless_disconnected(receive, self.dp.infer(req))
         payload, header_len = encode_response(resp, req)
         self.dp.check_response_bytes(len(payload))
         return payload, header_len
 
     async def predict(self, request: Request) -> Response:
-        """``POST /predict {"model", "version"?, "inputs": {name: nested list}} | "text"``."""
+        """``POST /predict {"model", "version"?, "inputs": {name: nested list}} | "text"``.
+
+        Optional ``"priority"`` (1 is the highest) and ``"timeout"`` (µs), and the
+        ``X-Modelyard-Timeout-Ms`` header, mean what they mean on the infer route.
+        """
+        started = time.monotonic()
         doc = await self._json_body(request, allow_empty=False)
         model = doc.get("model")
         if not isinstance(model, str) or not model:
@@ -222,7 +249,8 @@ class RestApi:
         version = doc.get("version")
         if version is not None:
             version = str(version)
-        meta = await self.dp.model_metadata_loaded(model, version)
+        priority, timeout_s = _schedule_policy(doc, request.headers.get(TIMEOUT_HEADER))
+        meta = await self.dp.model_metadata_loaded(model, version, timeout_s)
         specs: list[dict[str, Any]] = meta["inputs"]  # type: ignore[assignment]
         raw = doc.get("inputs")
         if raw is None and "text" in doc:
@@ -263,7 +291,18 @@ class RestApi:
             if arr.ndim == len(spec["shape"]) - 1:
                 arr = arr[np.newaxis, ...]
             inputs.append(InferInput(name, datatype, tuple(arr.shape), arr))
-        req = InferRequest(model_name=model, model_version=version, inputs=inputs)
+        if timeout_s is not None:
+            # The client's deadline covers the whole call, the load and decoding included.
+            timeout_s -= time.monotonic() - started
+            if timeout_s <= 0:
+                raise DeadlineExceededError(f"the request's deadline passed before {model!r} ran")
+        req = InferRequest(
+            model_name=model,
+            model_version=version,
+            inputs=inputs,
+            priority=priority,
+            timeout_s=timeout_s,
+        )
         resp = await self.dp.infer(req)
         answer = json_response(
             {

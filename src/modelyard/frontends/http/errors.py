@@ -19,7 +19,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.DEADLINE_EXCEEDED: 504,
     ErrorCode.CANCELLED: 499,
     ErrorCode.WORKER_CRASHED: 503,
-    ErrorCode.MODEL_LOAD_FAILED: 500,
+    ErrorCode.MODEL_LOAD_FAILED: 503,
     ErrorCode.CIRCUIT_OPEN: 503,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.NOT_SUPPORTED: 501,
@@ -34,7 +34,12 @@ def error_response(exc: ServerError) -> Response:
     headers = {"content-type": "application/json"}
     if exc.retry_after_s is not None:
         headers["retry-after"] = str(max(1, math.ceil(exc.retry_after_s)))
-    elif exc.code in (ErrorCode.OVERLOADED, ErrorCode.MEMORY_BUDGET, ErrorCode.CIRCUIT_OPEN):
+    elif exc.code in (
+        ErrorCode.OVERLOADED,
+        ErrorCode.MEMORY_BUDGET,
+        ErrorCode.CIRCUIT_OPEN,
+        ErrorCode.MODEL_LOAD_FAILED,
+    ):
         headers["retry-after"] = "1"
     if exc.code is ErrorCode.UNAUTHENTICATED:
         # RFC 6750: a 401 names the scheme the client should use.
