@@ -287,7 +287,7 @@ ATTACKS = [
         {"default_version": "99"},
         status=404,
         grpc_code=grpc.StatusCode.NOT_FOUND,
-        error="no version folder '99'",
+        error="no version '99'",
     ),
     Attack("dotdot-as-model-name", "load", "..", error="is not allowed"),
     Attack(
