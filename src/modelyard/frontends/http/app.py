@@ -35,8 +35,8 @@ from modelyard.frontends.http.codec import (
     encode_response,
 )
 from modelyard.frontends.http.errors import error_response
-from modelyard.protocol.datatypes import numpy_dtype
 from modelyard.protocol.documents import json_object
+from modelyard.protocol.json_tensors import array_from_nested, json_nested
 from modelyard.protocol.types import InferInput, InferRequest
 
 log = logging.getLogger("modelyard.http")
@@ -241,23 +241,11 @@ class RestApi:
                 raise InvalidInputError(
                     f"model {model!r} has no input {name!r}; inputs are: {', '.join(by_name)}"
                 )
-            datatype = spec["datatype"]
-            try:
-                if datatype == "BYTES":
-                    arr = np.array(value, dtype=object)
-                    arr = np.vectorize(
-                        lambda v: v.encode() if isinstance(v, str) else v, otypes=[object]
-                    )(arr)
-                else:
-                    arr = np.asarray(value, dtype=numpy_dtype(datatype))
-            except (ValueError, TypeError) as exc:
-                raise InvalidInputError(
-                    f"input {name!r}: cannot read as {datatype}: {exc}"
-                ) from None
+            arr = array_from_nested(name, spec["datatype"], value)
             # A single example is promoted to a batch of one when the model wants a batch.
             if arr.ndim == len(spec["shape"]) - 1:
                 arr = arr[np.newaxis, ...]
-            inputs.append(InferInput(name, datatype, tuple(arr.shape), arr))
+            inputs.append(InferInput(name, spec["datatype"], tuple(arr.shape), arr))
         req = InferRequest(model_name=model, model_version=version, inputs=inputs)
         resp = await self.dp.infer(req)
         return json_response(
@@ -268,7 +256,7 @@ class RestApi:
                     o.name: (
                         [b.decode("utf-8", "replace") for b in o.array.reshape(-1)]
                         if o.datatype == "BYTES"
-                        else o.array
+                        else json_nested(o.array)
                     )
                     for o in resp.outputs
                 },
