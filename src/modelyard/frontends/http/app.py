@@ -37,6 +37,7 @@ from modelyard.frontends.http.codec import (
 from modelyard.frontends.http.errors import error_response
 from modelyard.protocol.documents import json_object
 from modelyard.protocol.json_tensors import array_from_nested, json_nested
+from modelyard.protocol.tensors import json_data
 from modelyard.protocol.types import InferInput, InferRequest
 
 log = logging.getLogger("modelyard.http")
@@ -253,11 +254,9 @@ class RestApi:
                 "model": resp.model_name,
                 "version": resp.model_version,
                 "outputs": {
-                    o.name: (
-                        [b.decode("utf-8", "replace") for b in o.array.reshape(-1)]
-                        if o.datatype == "BYTES"
-                        else json_nested(o.array)
-                    )
+                    # BYTES outputs may hold str or bytes (runtimes differ): json_data
+                    # handles both, as the v2 infer route does.
+                    o.name: json_data(o) if o.datatype == "BYTES" else json_nested(o.array)
                     for o in resp.outputs
                 },
             }
