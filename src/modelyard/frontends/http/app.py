@@ -35,6 +35,7 @@ from modelyard.frontends.http.codec import (
     encode_response,
 )
 from modelyard.frontends.http.errors import error_response
+from modelyard.frontends.http.openapi import openapi_routes
 from modelyard.protocol.documents import json_object
 from modelyard.protocol.json_tensors import array_from_nested, json_nested
 from modelyard.protocol.tensors import json_data
@@ -412,11 +413,11 @@ class InferFastPath:
 def create_app(
     dataplane: DataPlane, max_request_bytes: int, extra_routes: list[BaseRoute] | None = None
 ) -> ASGIApp:
-    """The ASGI app: the infer fast path, then the protocol routes plus ``extra_routes``
-    (metrics, dashboard, admin) in Starlette."""
+    """The ASGI app: the infer fast path, then the protocol routes, ``GET /openapi.json``
+    and ``extra_routes`` (metrics, dashboard, admin) in Starlette."""
     api = RestApi(dataplane, max_request_bytes)
     app = Starlette(
-        routes=[*api.routes(), *(extra_routes or [])],
+        routes=[*api.routes(), *openapi_routes(), *(extra_routes or [])],
         exception_handlers={404: _not_found, 405: _method_not_allowed},
     )
     return InferFastPath(api, app)
