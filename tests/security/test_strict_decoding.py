@@ -46,6 +46,11 @@ BAD = [
     Bad("string-in-fp16", "FP16", ["x", 1.0], "got the string 'x'"),
     Bad("fp32-overflow", "FP32", [1.0, 1e39], "out of range for FP32"),
     Bad("fp16-overflow", "FP16", [1.0, 70000], "out of range for FP16"),
+    # Past 64 elements the range check runs in numpy instead: the same rule.
+    Bad("fp32-overflow-large", "FP32", [1.0] * 100 + [3.5e38], "out of range for FP32"),
+    Bad("fp16-edge-large", "FP16", [1.0] * 100 + [-65520], "out of range for FP16"),
+    Bad("fp16-edge-small", "FP16", [1.0, 65520], "out of range for FP16"),
+    Bad("null-in-large-fp32", "FP32", [1.0] * 100 + [None], "got null"),
     Bad("fp16-overflow-beside-nan", "FP16", ["NaN", 70000.0], "out of range for FP16"),
     Bad("object-in-fp64", "FP64", [{}, 1.0], "got an object"),
     # Before: only the first 16 elements were checked for floats, for speed.
@@ -97,6 +102,9 @@ GOOD: list[tuple[str, str, Any, np.ndarray]] = [
     ("uint64-max", "UINT64", [0, 2**64 - 1], np.array([0, 2**64 - 1], np.uint64)),
     ("int8-edges-as-floats", "INT8", [-128.0, 127.0], np.array([-128, 127], np.int8)),
     ("fp16-max", "FP16", [65504.0, -65504], np.array([65504, -65504], np.float16)),
+    # Below the rounding edge a value rounds to the largest finite one, as numpy does.
+    ("fp16-below-edge", "FP16", [65519.0] * 70, np.full(70, 65504, np.float16)),
+    ("fp32-below-edge", "FP32", [3.4028235e38], np.array([3.4028235e38], np.float32)),
     (
         "nonfinite-strings",
         "FP64",
