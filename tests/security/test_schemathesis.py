@@ -19,7 +19,7 @@ from tests.security.http_fuzz import FuzzReport, fuzz
 from tests.servers import running_server, write_config
 
 SEED = 20261201
-DEFAULT_CASES = 100
+DEFAULT_CASES = 60
 """The default suite's budget: a quick smoke of the whole document."""
 CI_CASES = 2_000
 """The slow (CI) run's budget."""

@@ -14,8 +14,10 @@ The rules, the same for every datatype and every front end that reads JSON lists
 - Nested lists are accepted (row-major) when they are rectangular.
 
 Speed: one C-level pass collects the set of element types (``set(map(type, flat))``),
-then numpy builds the array in one call and, for floats, checks finiteness in one
-vectorised pass. Per-element Python code runs only on the rare paths (non-finite
+then numpy builds the array in one call; numpy (2 or newer) refuses a Python integer
+out of the dtype's range itself. Float range checks are vectorised numpy passes past
+:data:`SMALL` elements, C-level ``min``/``max`` below it (numpy's fixed costs dominate
+small tensors). Per-element Python code runs only on the rare paths (non-finite
 strings, integral floats in integer data) and to build error messages.
 """
 
