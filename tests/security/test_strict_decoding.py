@@ -66,6 +66,10 @@ BAD = [
     Bad("int32-over", "INT32", [2**31, 1], "[-2147483648, 2147483647]"),
     Bad("int64-over-as-float", "INT64", [9.3e18, 1], "9223372036854775807]"),
     Bad("uint64-negative", "UINT64", [-1, 1], "[0, 18446744073709551615]"),
+    # Found by the fuzzer: orjson reads an integer past 64 bits as the nearest double
+    # (-2**63 exactly), which used to pass as INT64's minimum.
+    Bad("int64-under-min-literal", "INT64", [-(2**63) - 1, 1], "beyond 2**53"),
+    Bad("integral-float-past-2-53", "INT64", [2.0**53 + 2, 1], "beyond 2**53"),
     Bad("uint64-over-2-64", "UINT64", [2.0**64, 1], "[0, 18446744073709551615]"),
     Bad("int-for-bool", "BOOL", [True, 1], "true or false, got an integer"),
     Bad("null-for-bool", "BOOL", [None, False], "got null"),
