@@ -28,14 +28,14 @@ from modelyard.protocol.tensors import binary_bytes, json_data, output_from_arra
 from modelyard.protocol.types import InferInput, InferOutput, InferRequest
 
 FUZZ = settings(
-    max_examples=120,
+    max_examples=100,
     deadline=None,
     derandomize=True,
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 """Fixed examples (derandomised) so that CI runs are repeatable."""
-ROUND_TRIP = settings(FUZZ, max_examples=100)
+ROUND_TRIP = settings(FUZZ, max_examples=60)
 
 DATATYPE_NAMES = sorted(DATATYPES)
 NONFINITE_STRINGS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
