@@ -74,6 +74,20 @@ CASES = [
         "does not fit datatype FP32",
         _j({"inputs": [_tensor(data=["a"] * 64)]}),
     ),
+    Case("null-in-fp32", 400, "got null", _j({"inputs": [_tensor(data=[0.0] * 63 + [None])]})),
+    Case("bool-in-fp32", 400, "got a boolean", _j({"inputs": [_tensor(data=[True] + [0.0] * 63)]})),
+    Case(
+        "fraction-after-16th-int",
+        400,
+        "got a fraction",
+        _j({"inputs": [_tensor(datatype="INT64", data=[0] * 63 + [0.5])]}),
+    ),
+    Case(
+        "ragged-nested-data",
+        400,
+        "rectangular",
+        _j({"inputs": [_tensor(shape=[2, 2], data=[[0.0, 1.0], [2.0]])]}),
+    ),
     Case("unknown-input", 400, "has no input 'pixels'", _j({"inputs": [_tensor(name="pixels")]})),
     Case("input-twice", 400, "given twice", _j({"inputs": [_tensor(), _tensor()]})),
     Case(

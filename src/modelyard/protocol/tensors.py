@@ -1,88 +1,55 @@
 """Tensor (de)serialisation for the protocol's JSON and binary forms.
 
 Arrays are built straight from the request's lists or binary buffers with one numpy
-call each; there is no per-element validation model on the hot path.
+call each; there is no per-element validation model on the hot path. The JSON form's
+typing rules live in :mod:`modelyard.protocol.json_tensors`.
 """
 
 from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from modelyard.errors import InvalidInputError
 from modelyard.protocol.datatypes import element_size, numpy_dtype, v2_datatype
+from modelyard.protocol.json_tensors import array_from_json, json_list
 from modelyard.protocol.types import InferInput, InferOutput
 
+__all__ = [
+    "array_from_binary",
+    "array_from_json",
+    "binary_bytes",
+    "check_shape",
+    "decode_input",
+    "json_data",
+    "output_from_array",
+]
+
 _LEN = struct.Struct("<I")
+MAX_RANK = 32
+"""Most dimensions a tensor may have (numpy allows 64, older numpy 32)."""
+MAX_SHAPE_ELEMENTS = 2**56
+"""A shape may describe at most this many elements, zero dimensions aside, so that
+numpy can always represent it; real requests are bounded far below by the body limit."""
 
 
 def check_shape(name: str, shape: object) -> tuple[int, ...]:
-    """Validate a shape field: a list of non-negative integers."""
-    if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
+    """Validate a shape field: a list of at most :data:`MAX_RANK` non-negative integers."""
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise InvalidInputError(
             f"input {name!r}: 'shape' must be a list of non-negative integers, got {shape!r}"
         )
-    return tuple(shape)
-
-
-def _bytes_element(name: str, value: object) -> bytes:
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, bytes):
-        return value
-    raise InvalidInputError(
-        f"input {name!r}: BYTES data must be strings, got {type(value).__name__}"
-    )
-
-
-def _flatten(data: Sequence[Any]) -> list[Any]:
-    # Nested lists are allowed by the protocol ("row-major, flattened or not").
-    if data and isinstance(data[0], list):
-        out: list[Any] = []
-        stack = [data]
-        while stack:
-            item = stack.pop()
-            if isinstance(item, list):
-                stack.extend(reversed(item))
-            else:
-                out.append(item)
-        return out
-    return list(data) if not isinstance(data, list) else data
-
-
-def array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: object) -> np.ndarray:
-    """Build the array of one JSON input tensor, checking count against ``shape``."""
-    if not isinstance(data, list):
-        raise InvalidInputError(f"input {name!r}: 'data' must be a list, got {type(data).__name__}")
-    dtype = numpy_dtype(datatype)
-    expected = math.prod(shape)
-    flat = _flatten(data)
-    if len(flat) != expected:
+    if len(shape) > MAX_RANK:
         raise InvalidInputError(
-            f"input {name!r}: shape {list(shape)} needs {expected} elements, got {len(flat)}"
+            f"input {name!r}: 'shape' has {len(shape)} dimensions; at most {MAX_RANK} are allowed"
         )
-    if datatype == "BYTES":
-        arr = np.empty(expected, dtype=object)
-        for i, v in enumerate(flat):
-            arr[i] = _bytes_element(name, v)
-        return arr.reshape(shape)
-    if datatype == "BOOL" and not all(isinstance(v, bool) for v in flat):
-        raise InvalidInputError(f"input {name!r}: BOOL data must be true/false")
-    try:
-        arr = np.asarray(flat, dtype=dtype)
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise InvalidInputError(
-            f"input {name!r}: data does not fit datatype {datatype}: {exc}"
-        ) from None
-    if dtype.kind in "iu" and flat and any(isinstance(v, float) for v in flat[:16]):
-        raise InvalidInputError(f"input {name!r}: {datatype} data must be integers")
-    return arr.reshape(shape)
+    if math.prod(d for d in shape if d) > MAX_SHAPE_ELEMENTS:
+        raise InvalidInputError(f"input {name!r}: shape {shape} is too large")
+    return tuple(shape)
 
 
 def array_from_binary(
@@ -116,6 +83,9 @@ def array_from_binary(
             f"input {name!r}: binary data is {len(raw)} bytes, shape {list(shape)} of "
             f"{datatype} needs {expected * size}"
         )
+    if datatype == "BOOL" and expected and np.frombuffer(raw, dtype=np.uint8).max() > 1:
+        # numpy would keep any other byte as a "true" that compares unequal to True.
+        raise InvalidInputError(f"input {name!r}: BOOL bytes must be 0 or 1")
     # Copy once: the request buffer does not outlive the request.
     return np.frombuffer(raw, dtype=numpy_dtype(datatype)).reshape(shape).copy()
 
@@ -134,8 +104,10 @@ def decode_input(
         raise InvalidInputError(f"input {name!r}: missing 'datatype'")
     numpy_dtype(datatype)
     shape = check_shape(name, spec.get("shape"))
-    params = spec.get("parameters") or {}
-    if not isinstance(params, Mapping):
+    params = spec.get("parameters")
+    if params is None:
+        params = {}
+    elif not isinstance(params, Mapping):
         raise InvalidInputError(f"input {name!r}: 'parameters' must be an object")
     bsize = params.get("binary_data_size")
     if bsize is not None:
@@ -143,7 +115,7 @@ def decode_input(
             raise InvalidInputError(
                 f"input {name!r}: binary_data_size given but the request has no binary part"
             )
-        if not isinstance(bsize, int) or bsize < 0 or offset + bsize > len(binary):
+        if type(bsize) is not int or bsize < 0 or offset + bsize > len(binary):
             raise InvalidInputError(f"input {name!r}: binary_data_size {bsize!r} is out of range")
         arr = array_from_binary(name, datatype, shape, binary[offset : offset + bsize])
         offset += bsize
@@ -181,10 +153,7 @@ def json_data(out: InferOutput) -> list[Any]:
             else:
                 result.append(str(v))
         return result
-    if out.datatype == "FP16":
-        arr = arr.astype(np.float32)
-    flat: list[Any] = arr.reshape(-1).tolist()
-    return flat
+    return json_list(arr)
 
 
 def binary_bytes(out: InferOutput) -> bytes:

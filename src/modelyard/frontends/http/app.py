@@ -40,8 +40,10 @@ from modelyard.frontends.http.codec import (
     encode_response,
 )
 from modelyard.frontends.http.errors import error_response
-from modelyard.protocol.datatypes import numpy_dtype
+from modelyard.frontends.http.openapi import openapi_routes
 from modelyard.protocol.documents import json_object
+from modelyard.protocol.json_tensors import array_from_nested, json_nested
+from modelyard.protocol.tensors import json_data
 from modelyard.protocol.types import (
     TIMEOUT_HEADER,
     InferInput,
@@ -274,23 +276,11 @@ class RestApi:
                 raise InvalidInputError(
                     f"model {model!r} has no input {name!r}; inputs are: {', '.join(by_name)}"
                 )
-            datatype = spec["datatype"]
-            try:
-                if datatype == "BYTES":
-                    arr = np.array(value, dtype=object)
-                    arr = np.vectorize(
-                        lambda v: v.encode() if isinstance(v, str) else v, otypes=[object]
-                    )(arr)
-                else:
-                    arr = np.asarray(value, dtype=numpy_dtype(datatype))
-            except (ValueError, TypeError) as exc:
-                raise InvalidInputError(
-                    f"input {name!r}: cannot read as {datatype}: {exc}"
-                ) from None
+            arr = array_from_nested(name, spec["datatype"], value)
             # A single example is promoted to a batch of one when the model wants a batch.
             if arr.ndim == len(spec["shape"]) - 1:
                 arr = arr[np.newaxis, ...]
-            inputs.append(InferInput(name, datatype, tuple(arr.shape), arr))
+            inputs.append(InferInput(name, spec["datatype"], tuple(arr.shape), arr))
         if timeout_s is not None:
             # The client's deadline covers the whole call, the load and decoding included.
             timeout_s -= time.monotonic() - started
@@ -309,11 +299,9 @@ class RestApi:
                 "model": resp.model_name,
                 "version": resp.model_version,
                 "outputs": {
-                    o.name: (
-                        [b.decode("utf-8", "replace") for b in o.array.reshape(-1)]
-                        if o.datatype == "BYTES"
-                        else o.array
-                    )
+                    # BYTES outputs may hold str or bytes (runtimes differ): json_data
+                    # handles both, as the v2 infer route does.
+                    o.name: json_data(o) if o.datatype == "BYTES" else json_nested(o.array)
                     for o in resp.outputs
                 },
             }
@@ -550,12 +538,12 @@ def create_app(
     max_control_body_bytes: int | None = None,
 ) -> ASGIApp:
     """The ASGI app: the token check (when ``authorizer`` has tokens), the infer fast
-    path, then the protocol routes plus ``extra_routes`` (metrics, dashboard, admin)
-    in Starlette, every body bounded: inference bodies by ``max_request_bytes``, every
-    other route's by ``max_control_body_bytes``."""
+    path, then the protocol routes, ``GET /openapi.json`` and ``extra_routes`` (metrics,
+    dashboard, admin) in Starlette, every body bounded: inference bodies by
+    ``max_request_bytes``, every other route's by ``max_control_body_bytes``."""
     api = RestApi(dataplane, max_request_bytes)
     app = Starlette(
-        routes=[*api.routes(), *(extra_routes or [])],
+        routes=[*api.routes(), *openapi_routes(), *(extra_routes or [])],
         exception_handlers={404: _not_found, 405: _method_not_allowed},
     )
     control = max_control_body_bytes or LimitsConfig().max_control_body_bytes

@@ -90,10 +90,10 @@ def decode_request(
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInputError("'id' must be a string")
     priority = params.get("priority")
-    if priority is not None and (not isinstance(priority, int) or priority < 1):
+    if priority is not None and (type(priority) is not int or priority < 1):
         raise InvalidInputError("parameter 'priority' must be a positive integer")
     timeout_us = params.get("timeout")
-    if timeout_us is not None and (not isinstance(timeout_us, int | float) or timeout_us <= 0):
+    if timeout_us is not None and (type(timeout_us) not in (int, float) or timeout_us <= 0):
         raise InvalidInputError("parameter 'timeout' must be a positive number of microseconds")
     return InferRequest(
         model_name=model_name,
