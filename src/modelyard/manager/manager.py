@@ -31,7 +31,7 @@ from modelyard.errors import (
     ModelStateConflictError,
     ServerError,
 )
-from modelyard.manager.budget import MemoryBudget
+from modelyard.manager.budget import MemoryBudget, SharedFile
 from modelyard.manager.events import EventLog
 from modelyard.manager.eviction import EvictionPolicy, make_policy, select_victims
 from modelyard.manager.prefetch import MarkovPredictor
@@ -46,6 +46,7 @@ from modelyard.manager.states import RESIDENT, ModelState, can_transition
 from modelyard.repository.layout import dir_size_bytes, guess_runtime, served_versions
 from modelyard.repository.manifest import load_public_key, verify_manifest
 from modelyard.runtimes.base import RuntimeSpec
+from modelyard.workers.footprint import weight_files
 from modelyard.workers.instance import ModelInstance, StartRequest
 
 log = logging.getLogger("modelyard.manager")
@@ -331,11 +332,26 @@ class ModelManager:
         raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
 
     def estimate_bytes(self, record: ModelRecord) -> int:
-        """Reservation before a load: max of declared, last measured and size guess."""
-        declared = int((record.config.memory_mb or 0) * _MIB)
+        """Private reservation before a load: max of declared, last measured and size guess.
+
+        A ``share_weights`` model's mapped weight files are not part of it: ``_admit``
+        charges them through the budget's shared-file ledger, once per file however many
+        models map it (see :meth:`mapped_files`).
+        """
+        files = self.mapped_files(record)
+        weights = sum(f.size for f in files)
+        declared = max(0, int((record.config.memory_mb or 0) * _MIB) - weights)
         measured = record.measured_bytes or 0
-        guess = int(dir_size_bytes(record.path) * _SIZE_GUESS_FACTOR) + _SIZE_GUESS_BASE_BYTES
+        private_files = max(0, dir_size_bytes(record.path) - weights)
+        guess = int(private_files * _SIZE_GUESS_FACTOR) + _SIZE_GUESS_BASE_BYTES
         return max(declared, measured, guess)
+
+    def mapped_files(self, record: ModelRecord) -> list[SharedFile]:
+        """The weight files ``record``'s replica will memory-map (``share_weights`` ONNX)."""
+        cfg = record.config
+        if not (cfg.share_weights and cfg.runtime == "onnx"):
+            return []
+        return weight_files(record.path)
 
     async def _load(
         self, record: ModelRecord, deadline: float | None, *, prefetch: bool = False
@@ -509,16 +525,20 @@ class ModelManager:
         """
         device = record.config.device
         dev = self.budget.device(device)
-        if need > dev.budget_bytes:
+        # ``need`` is the private part; mapped weight files are charged once per file.
+        files = self.mapped_files(record)
+        whole = need + sum(f.size for f in set(files))
+        if whole > dev.budget_bytes:
             raise MemoryBudgetError(
-                f"model {record.key} needs {need / _MIB:.1f} MiB, more than the whole "
+                f"model {record.key} needs {whole / _MIB:.1f} MiB, more than the whole "
                 f"{dev.budget_bytes / _MIB:.1f} MiB budget of {device}"
             )
         while True:
-            if self.budget.try_reserve(device, record.key, need):
-                record.reserved_bytes = need
+            if self.budget.try_reserve(device, record.key, need, files):
+                record.reserved_bytes = self.budget.reserved(device, record.key)
                 return
-            missing = need - self.budget.reserved(device, record.key) - dev.free_bytes
+            current = dev.reservations.get(record.key, 0)
+            missing = need - current + dev.uncharged_bytes(files) - dev.free_bytes
             leaving = sum(
                 r.reserved_bytes
                 for r in self.records()
@@ -526,7 +546,7 @@ class ModelManager:
                 and r.state in (ModelState.DRAINING, ModelState.UNLOADING)
             )
             if not may_evict:
-                raise self._refusal(record, need)
+                raise self._refusal(record, need + dev.uncharged_bytes(files))
             if leaving < missing:
                 victims = select_victims(self.policy, self._candidates(record), missing - leaving)
                 if victims is None:
@@ -535,7 +555,7 @@ class ModelManager:
                     coming = sum(r.reserved_bytes for r in self._candidates(record, loading=True))
                     ready = sum(r.reserved_bytes for r in self._candidates(record))
                     if leaving + ready + coming < missing:
-                        raise self._refusal(record, need)
+                        raise self._refusal(record, need + dev.uncharged_bytes(files))
                 else:
                     for victim in victims:
                         self._spawn(self.evict(victim, reason=f"making room for {record.key}"))
