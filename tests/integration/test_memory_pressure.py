@@ -135,7 +135,7 @@ N_FIFTY = 50
 SHARED_MB = (64, 4, 6, 8, 10)
 """Models 30-49 map their weights (``share_weights``), four models to one weight file of
 these sizes; the four of the 64 MiB file are among the most popular models."""
-MODELS_SLACK_BYTES = 32 * MIB
+MODELS_SLACK_BYTES = 48 * MIB
 """What the models' memory may exceed the budget by: allocator growth in resident workers
 after their footprint was measured; first loads, whose size guess (1.2 x files + 4 MiB)
 undershoots what a worker measures (about 1.8 x weights + 6 MiB) until it is measured;
