@@ -100,3 +100,40 @@ async def test_two_versions_mapping_one_file_are_charged_for_it_once(
         await app.manager.unload("big", "2")
         assert dev.shared == {}
         assert dev.reserved_bytes == 0
+
+
+async def test_models_sharing_a_file_are_evicted_together_when_only_that_makes_room(
+    tmp_path: Path,
+) -> None:
+    # Three models map one 24 MiB file (6 MiB private each, 42 MiB in all); a model that
+    # needs 44 MiB of a 64 MiB budget fits only once all three have gone, since evicting
+    # one or two of them frees their private parts and not the file.
+    repo = tmp_path / "repo"
+    first = build_mlp_onnx(repo / "src" / "1" / "model.onnx", WEIGHTS_MB, external_data=True)
+    for name in ("s1", "s2", "s3"):
+        version = repo / name / "1"
+        version.mkdir(parents=True)
+        (version / "model.onnx").write_bytes(first.read_bytes())
+        os.link(first.parent / "model.onnx.data", version / "model.onnx.data")
+    build_mlp_onnx(repo / "big" / "1" / "model.onnx", 4, seed=3)
+    models: list[dict[str, object]] = [
+        {"name": n, "path": n, "share_weights": True} for n in ("s1", "s2", "s3")
+    ]
+    models.append({"name": "big", "path": "big", "memory_mb": 44})
+    cfg = write_config(
+        tmp_path,
+        models,
+        model_repository=str(repo),
+        devices=[{"name": "cpu", "memory_budget_mb": 64}],
+    )
+    async with running_server(cfg) as (app, client):
+        dev = app.manager.budget.device("cpu")
+        for name in ("s1", "s2", "s3"):
+            assert (await client.post(f"/v2/models/{name}/infer", json=_body())).status_code == 200
+        assert dev.shared_bytes > 20 * MIB
+        r = await client.post("/v2/models/big/infer", json=_body())
+        assert r.status_code == 200, r.text
+        states = {rec.key.name: rec.state.value for rec in app.manager.records()}
+        assert states == {"s1": "UNLOADED", "s2": "UNLOADED", "s3": "UNLOADED", "big": "READY"}
+        assert dev.shared == {}
+        assert dev.reserved_bytes <= dev.budget_bytes

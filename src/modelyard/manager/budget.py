@@ -125,6 +125,23 @@ class MemoryBudget:
         own = sum(f.size for f, c in dev.shared.items() if c.users == {key})
         return dev.reservations.get(key, 0) + own
 
+    def freed_by(
+        self, device: str, keys: Iterable[ModelKey], keep: Iterable[SharedFile] = ()
+    ) -> int:
+        """Bytes given back if every model in ``keys`` left.
+
+        Their private parts, plus the shared files no other model maps; files in
+        ``keep`` (which the caller is about to map) do not count, as they stay needed.
+        """
+        dev = self.devices[device]
+        leaving = set(keys)
+        kept = set(keep)
+        freed = sum(dev.reservations.get(k, 0) for k in leaving)
+        for f, charge in dev.shared.items():
+            if f not in kept and charge.users <= leaving:
+                freed += f.size
+        return freed
+
     def files_of(self, device: str, key: ModelKey) -> list[SharedFile]:
         """The shared files ``key`` holds a charge on."""
         return [f for f, c in self.devices[device].shared.items() if key in c.users]

@@ -539,22 +539,25 @@ class ModelManager:
                 return
             current = dev.reservations.get(record.key, 0)
             missing = need - current + dev.uncharged_bytes(files) - dev.free_bytes
-            leaving = sum(
-                r.reserved_bytes
+            # What models already on their way out will give back, counted by the
+            # budget: a file they share with models that stay is not freed by them.
+            leaving_keys = [
+                r.key
                 for r in self.records()
                 if r.config.device == device
                 and r.state in (ModelState.DRAINING, ModelState.UNLOADING)
-            )
+            ]
+            leaving = self.budget.freed_by(device, leaving_keys, files)
             if not may_evict:
                 raise self._refusal(record, need + dev.uncharged_bytes(files))
             if leaving < missing:
-                victims = select_victims(self.policy, self._candidates(record), missing - leaving)
+                victims = self._victims(record, missing, files, leaving_keys)
                 if victims is None:
                     # Models still loading become evictable once READY: wait for them
                     # rather than refuse, unless even they could not make room.
-                    coming = sum(r.reserved_bytes for r in self._candidates(record, loading=True))
-                    ready = sum(r.reserved_bytes for r in self._candidates(record))
-                    if leaving + ready + coming < missing:
+                    others = self._candidates(record) + self._candidates(record, loading=True)
+                    keys = leaving_keys + [r.key for r in others]
+                    if self.budget.freed_by(device, keys, files) < missing:
                         raise self._refusal(record, need + dev.uncharged_bytes(files))
                 else:
                     for victim in victims:
@@ -567,6 +570,36 @@ class ModelManager:
             async with self._budget_changed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._budget_changed.wait(), remaining)
+
+    def _victims(
+        self,
+        record: ModelRecord,
+        missing: int,
+        files: list[SharedFile],
+        leaving: list[ModelKey],
+    ) -> list[ModelRecord] | None:
+        """The shortest prefix of the policy's order that, with ``leaving``, frees ``missing``.
+
+        Counted by the budget, not by each victim's own reservation: a weight file
+        several models share is freed only when all of them go, and one ``record``
+        will map anyway is not freed at all.
+        """
+        device = record.config.device
+        candidates = self._candidates(record)
+        if not files and not self.budget.device(device).shared:
+            # No shared files: each victim frees exactly its own reservation.
+            return select_victims(
+                self.policy, candidates, missing - self.budget.freed_by(device, leaving)
+            )
+        chosen: list[ModelRecord] = []
+        if self.budget.freed_by(device, leaving, files) >= missing:
+            return chosen
+        for victim in self.policy.order(candidates):
+            chosen.append(victim)
+            keys = leaving + [r.key for r in chosen]
+            if self.budget.freed_by(device, keys, files) >= missing:
+                return chosen
+        return None
 
     def _release(self, record: ModelRecord) -> None:
         self.budget.release(record.config.device, record.key)

@@ -126,3 +126,15 @@ Private_Clean:       300 kB
 )
 def test_mapped_private_bytes_sum_only_the_named_files(paths: set[str], expected_kib: int) -> None:
     assert parse_mapped_private(SMAPS, paths) == expected_kib * 1024
+
+
+def test_freed_by_counts_a_shared_file_only_when_all_its_users_leave() -> None:
+    budget = MemoryBudget({"cpu": 200})
+    budget.try_reserve("cpu", A, 6, [WEIGHTS])
+    budget.try_reserve("cpu", B, 7, [WEIGHTS])
+    budget.try_reserve("cpu", C, 5, [OTHER])
+    assert budget.freed_by("cpu", [A]) == 6
+    assert budget.freed_by("cpu", [A, B]) == 6 + 7 + 64
+    assert budget.freed_by("cpu", [A, B], keep=[WEIGHTS]) == 6 + 7, "a file the loader maps"
+    assert budget.freed_by("cpu", [C]) == 5 + 30
+    assert budget.freed_by("cpu", []) == 0
