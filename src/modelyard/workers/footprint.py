@@ -133,9 +133,13 @@ def weight_files(version_dir: Path) -> list[MappedFile]:
     return list(found.values())
 
 
-def parse_mapped_private(text: str, paths: Collection[str]) -> int:
-    """Private bytes, in the text of ``/proc/<pid>/smaps``, of mappings of ``paths``."""
-    total = 0
+def parse_mapped_private(text: str, paths: Collection[str]) -> tuple[int, int]:
+    """From the text of ``/proc/<pid>/smaps``: (all private bytes, those in ``paths``).
+
+    One read gives both, so that another worker mapping the file in between cannot
+    make its pages private in one figure and shared in the other.
+    """
+    total = mapped = 0
     current: str | None = None
     for line in text.splitlines():
         parts = line.split(maxsplit=5)
@@ -144,18 +148,21 @@ def parse_mapped_private(text: str, paths: Collection[str]) -> int:
         if not parts[0].endswith(":"):
             # A mapping's header: "start-end perms offset dev inode [path]".
             current = parts[5] if len(parts) == 6 else None
-        elif current in paths and parts[0] in ("Private_Clean:", "Private_Dirty:"):
-            total += int(parts[1]) * 1024
-    return total
+        elif parts[0] in ("Private_Clean:", "Private_Dirty:", "Private_Hugetlb:"):
+            nbytes = int(parts[1]) * 1024
+            total += nbytes
+            if current in paths:
+                mapped += nbytes
+    return total, mapped
 
 
-def mapped_private_bytes(pid: int, paths: Collection[str], proc_root: Path = Path("/proc")) -> int:
-    """Bytes of ``pid``'s USS that lie in its mappings of the files ``paths``.
+def mapped_private_bytes(
+    pid: int, paths: Collection[str], proc_root: Path = Path("/proc")
+) -> tuple[int, int]:
+    """``pid``'s USS and the part of it that lies in its mappings of the files ``paths``.
 
     Blocking (reads ``smaps``): call it from a thread on the server's event loop.
     """
-    if not paths:
-        return 0
     try:
         text = (proc_root / str(pid) / "smaps").read_text()
     except FileNotFoundError:

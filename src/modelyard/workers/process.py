@@ -164,7 +164,7 @@ class ProcessInstance:
             await self._warm_up(request, loaded, deadline)
             warmup_s = time.perf_counter() - t1
             sample = await self.sample_memory()
-            mapped = await self._mapped_weight_bytes(request.spec)
+            footprint, mapped = await self._weights_apart(request.spec, sample)
         except BaseException as exc:
             await self._abort()
             if isinstance(exc, ModelLoadError | asyncio.CancelledError):
@@ -196,7 +196,7 @@ class ProcessInstance:
             supports_batching=loaded.supports_batching,
             # Mapped weight files are the page cache's, charged once per file by the
             # budget; the replica's own cost is the rest of its private memory.
-            footprint_bytes=max(0, sample.uss_bytes - mapped),
+            footprint_bytes=footprint,
             process_start_s=process_start_s,
             load_s=loaded.load_s,
             warmup_s=warmup_s,
@@ -477,20 +477,25 @@ class ProcessInstance:
         except psutil.NoSuchProcess:
             raise self._not_serving() from None
 
-    async def _mapped_weight_bytes(self, spec: RuntimeSpec) -> int:
-        """Private bytes the worker holds in its memory-mapped weight files (``share_weights``)."""
+    async def _weights_apart(self, spec: RuntimeSpec, sample: MemorySample) -> tuple[int, int]:
+        """(USS less the mapped weight files' private pages, those pages).
+
+        Only ``share_weights`` ONNX workers map their weights; for the others it is
+        ``(USS, 0)``. USS and the mapped part come from one read of ``smaps``.
+        """
         pid = self.pid
         if not (spec.share_weights and spec.kind == "onnx") or pid is None:
-            return 0
+            return sample.uss_bytes, 0
 
-        def measure() -> int:
+        def measure() -> tuple[int, int]:
             paths = [f.path for f in weight_files(Path(spec.version_dir))]
             return mapped_private_bytes(pid, paths)
 
         try:
-            return await asyncio.to_thread(measure)
+            uss, mapped = await asyncio.to_thread(measure)
         except psutil.NoSuchProcess:
             raise self._not_serving() from None
+        return max(0, uss - mapped), mapped
 
     def _start_watchdog(self) -> None:
         limit = self._limit

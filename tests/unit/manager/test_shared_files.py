@@ -125,7 +125,9 @@ Private_Clean:       300 kB
     [({"/repo/a/1/model.onnx.data"}, 512 + 256 + 100), (set(), 0), ({"/elsewhere"}, 0)],
 )
 def test_mapped_private_bytes_sum_only_the_named_files(paths: set[str], expected_kib: int) -> None:
-    assert parse_mapped_private(SMAPS, paths) == expected_kib * 1024
+    uss, mapped = parse_mapped_private(SMAPS, paths)
+    assert uss == (512 + 256 + 2048 + 100 + 300) * 1024
+    assert mapped == expected_kib * 1024
 
 
 def test_freed_by_counts_a_shared_file_only_when_all_its_users_leave() -> None:
