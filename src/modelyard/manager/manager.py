@@ -32,7 +32,7 @@ from modelyard.errors import (
     NotSupportedError,
     ServerError,
 )
-from modelyard.manager.budget import MemoryBudget
+from modelyard.manager.budget import MemoryBudget, SharedFile
 from modelyard.manager.events import EventLog
 from modelyard.manager.eviction import EvictionPolicy, make_policy, select_victims
 from modelyard.manager.prefetch import MarkovPredictor
@@ -60,6 +60,7 @@ from modelyard.repository.layout import (
 )
 from modelyard.repository.manifest import load_public_key, verify_manifest
 from modelyard.runtimes.base import RuntimeSpec
+from modelyard.workers.footprint import weight_files
 from modelyard.workers.instance import ModelInstance, StartRequest
 
 log = logging.getLogger("modelyard.manager")
@@ -467,11 +468,26 @@ class ModelManager:
         raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
 
     def estimate_bytes(self, record: ModelRecord) -> int:
-        """Reservation before a load: max of declared, last measured and size guess."""
-        declared = int((record.config.memory_mb or 0) * _MIB)
+        """Private reservation before a load: max of declared, last measured and size guess.
+
+        A ``share_weights`` model's mapped weight files are not part of it: ``_admit``
+        charges them through the budget's shared-file ledger, once per file however many
+        models map it (see :meth:`mapped_files`).
+        """
+        files = self.mapped_files(record)
+        weights = sum(f.size for f in files)
+        declared = max(0, int((record.config.memory_mb or 0) * _MIB) - weights)
         measured = record.measured_bytes or 0
-        guess = int(dir_size_bytes(record.path) * _SIZE_GUESS_FACTOR) + _SIZE_GUESS_BASE_BYTES
+        private_files = max(0, dir_size_bytes(record.path) - weights)
+        guess = int(private_files * _SIZE_GUESS_FACTOR) + _SIZE_GUESS_BASE_BYTES
         return max(declared, measured, guess)
+
+    def mapped_files(self, record: ModelRecord) -> list[SharedFile]:
+        """The weight files ``record``'s replica will memory-map (``share_weights`` ONNX)."""
+        cfg = record.config
+        if not (cfg.share_weights and cfg.runtime == "onnx"):
+            return []
+        return weight_files(record.path)
 
     def _fail(self, record: ModelRecord, reason: str, event: str) -> None:
         """Mark a genuine load failure: FAILED with its reason, retried after a backoff."""
@@ -689,33 +705,40 @@ class ModelManager:
         """
         device = record.config.device
         dev = self.budget.device(device)
-        if need > dev.budget_bytes:
+        # ``need`` is the private part; mapped weight files are charged once per file.
+        files = self.mapped_files(record)
+        whole = need + sum(f.size for f in set(files))
+        if whole > dev.budget_bytes:
             raise MemoryBudgetError(
-                f"model {record.key} needs {need / _MIB:.1f} MiB, more than the whole "
+                f"model {record.key} needs {whole / _MIB:.1f} MiB, more than the whole "
                 f"{dev.budget_bytes / _MIB:.1f} MiB budget of {device}"
             )
         while True:
-            if self.budget.try_reserve(device, record.key, need):
-                record.reserved_bytes = need
+            if self.budget.try_reserve(device, record.key, need, files):
+                record.reserved_bytes = self.budget.reserved(device, record.key)
                 return
-            missing = need - self.budget.reserved(device, record.key) - dev.free_bytes
-            leaving = sum(
-                r.reserved_bytes
+            current = dev.reservations.get(record.key, 0)
+            missing = need - current + dev.uncharged_bytes(files) - dev.free_bytes
+            # What models already on their way out will give back, counted by the
+            # budget: a file they share with models that stay is not freed by them.
+            leaving_keys = [
+                r.key
                 for r in self.records()
                 if r.config.device == device
                 and r.state in (ModelState.DRAINING, ModelState.UNLOADING)
-            )
+            ]
+            leaving = self.budget.freed_by(device, leaving_keys, files)
             if not may_evict:
-                raise self._refusal(record, need)
+                raise self._refusal(record, need + dev.uncharged_bytes(files))
             if leaving < missing:
-                victims = select_victims(self.policy, self._candidates(record), missing - leaving)
+                victims = self._victims(record, missing, files, leaving_keys)
                 if victims is None:
                     # Models still loading become evictable once READY: wait for them
                     # rather than refuse, unless even they could not make room.
-                    coming = sum(r.reserved_bytes for r in self._candidates(record, loading=True))
-                    ready = sum(r.reserved_bytes for r in self._candidates(record))
-                    if leaving + ready + coming < missing:
-                        raise self._refusal(record, need)
+                    others = self._candidates(record) + self._candidates(record, loading=True)
+                    keys = leaving_keys + [r.key for r in others]
+                    if self.budget.freed_by(device, keys, files) < missing:
+                        raise self._refusal(record, need + dev.uncharged_bytes(files))
                 else:
                     for victim in victims:
                         self._spawn(self.evict(victim, reason=f"making room for {record.key}"))
@@ -727,6 +750,36 @@ class ModelManager:
             async with self._budget_changed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._budget_changed.wait(), remaining)
+
+    def _victims(
+        self,
+        record: ModelRecord,
+        missing: int,
+        files: list[SharedFile],
+        leaving: list[ModelKey],
+    ) -> list[ModelRecord] | None:
+        """The shortest prefix of the policy's order that, with ``leaving``, frees ``missing``.
+
+        Counted by the budget, not by each victim's own reservation: a weight file
+        several models share is freed only when all of them go, and one ``record``
+        will map anyway is not freed at all.
+        """
+        device = record.config.device
+        candidates = self._candidates(record)
+        if not files and not self.budget.device(device).shared:
+            # No shared files: each victim frees exactly its own reservation.
+            return select_victims(
+                self.policy, candidates, missing - self.budget.freed_by(device, leaving)
+            )
+        chosen: list[ModelRecord] = []
+        if self.budget.freed_by(device, leaving, files) >= missing:
+            return chosen
+        for victim in self.policy.order(candidates):
+            chosen.append(victim)
+            keys = leaving + [r.key for r in chosen]
+            if self.budget.freed_by(device, keys, files) >= missing:
+                return chosen
+        return None
 
     def _release(self, record: ModelRecord) -> None:
         self.budget.release(record.config.device, record.key)

@@ -7,14 +7,27 @@ for all workers, so they are not the model's cost. USS is also exactly what retu
 to the system when the worker exits, which is what the memory budget needs to know.
 PSS (shared pages divided among their sharers) is reported beside it: with shared
 weights, PSS shows each replica's fair share of the common page cache.
+
+With ``share_weights`` an ONNX worker memory-maps its external-data files. Their pages
+are the page cache's, held once however many workers map them, so they are not the
+replica's cost: :func:`mapped_private_bytes` measures what of a worker's USS lies in
+those files (all of it while it is their only mapper), the footprint leaves it out, and
+the budget charges each file once (``manager/budget.py``). Which files: the regular
+files of the version folder (symlinks followed) other than the ``.onnx`` graph and the
+manifest, see :func:`weight_files`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+_MANIFEST_NAME = "modelyard-manifest.json"  # repository/manifest.py (workers stay below it)
+_GRAPH_SUFFIXES = (".onnx",)
 
 _FIELDS = {
     "Rss:": "rss",
@@ -70,3 +83,90 @@ def sample_memory(pid: int, proc_root: Path = Path("/proc")) -> MemorySample:
         raise psutil.NoSuchProcess(pid) from None
     info = psutil.Process(pid).memory_full_info()
     return MemorySample(info.rss, info.uss, getattr(info, "pss", info.uss), info.swap)
+
+
+@dataclass(frozen=True, slots=True)
+class MappedFile:
+    """A weight file a worker memory-maps, identified as the page cache sees it.
+
+    By ``(dev, inode, size, mtime)``: the page cache holds one copy per inode, so hard
+    links (how two versions share a file; ONNX Runtime refuses external data that a
+    symlink leads out of the model's folder) are one file, and a file replaced under the
+    same name is another (the old pages stay mapped by whoever still holds them). The
+    real path is kept for messages and to find the file's mappings.
+    """
+
+    path: str = field(compare=False)
+    dev: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: Path | str) -> MappedFile:
+        """The identity of the file at ``path`` now (OSError if it cannot be read)."""
+        real = os.path.realpath(path)
+        st = os.stat(real)
+        return cls(real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def weight_files(version_dir: Path) -> list[MappedFile]:
+    """The files a ``share_weights`` ONNX model maps: its external-data files.
+
+    Every regular file under ``version_dir`` (symlinks followed) but the graph and the
+    manifest. A file that ONNX Runtime does not map after all is charged anyway: the
+    budget errs on the safe side. Files that vanish while listed are skipped.
+    """
+    found: dict[MappedFile, MappedFile] = {}
+    if not version_dir.is_dir():
+        return []
+    for p in sorted(version_dir.rglob("*")):
+        if p.suffix in _GRAPH_SUFFIXES or p.name == _MANIFEST_NAME or "__pycache__" in p.parts:
+            continue
+        try:
+            if not p.is_file():
+                continue
+            f = MappedFile.of(p)
+        except OSError:
+            continue
+        found.setdefault(f, f)
+    return list(found.values())
+
+
+def parse_mapped_private(text: str, paths: Collection[str]) -> tuple[int, int]:
+    """From the text of ``/proc/<pid>/smaps``: (all private bytes, those in ``paths``).
+
+    One read gives both, so that another worker mapping the file in between cannot
+    make its pages private in one figure and shared in the other.
+    """
+    total = mapped = 0
+    current: str | None = None
+    for line in text.splitlines():
+        parts = line.split(maxsplit=5)
+        if not parts:
+            continue
+        if not parts[0].endswith(":"):
+            # A mapping's header: "start-end perms offset dev inode [path]".
+            current = parts[5] if len(parts) == 6 else None
+        elif parts[0] in ("Private_Clean:", "Private_Dirty:", "Private_Hugetlb:"):
+            nbytes = int(parts[1]) * 1024
+            total += nbytes
+            if current in paths:
+                mapped += nbytes
+    return total, mapped
+
+
+def mapped_private_bytes(
+    pid: int, paths: Collection[str], proc_root: Path = Path("/proc")
+) -> tuple[int, int]:
+    """``pid``'s USS and the part of it that lies in its mappings of the files ``paths``.
+
+    Blocking (reads ``smaps``): call it from a thread on the server's event loop.
+    """
+    try:
+        text = (proc_root / str(pid) / "smaps").read_text()
+    except FileNotFoundError:
+        raise psutil.NoSuchProcess(pid) from None
+    except ProcessLookupError:
+        raise psutil.NoSuchProcess(pid) from None
+    return parse_mapped_private(text, set(paths))

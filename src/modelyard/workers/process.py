@@ -26,6 +26,7 @@ import contextlib
 import itertools
 import logging
 import time
+from pathlib import Path
 from typing import Final
 
 import numpy as np
@@ -41,11 +42,17 @@ from modelyard.errors import (
     ServerError,
     WorkerCrashedError,
 )
+from modelyard.runtimes.base import RuntimeSpec
 from modelyard.runtimes.warmup import make_warmup_inputs
 from modelyard.workers.channel import ChannelClosedError, LoopChannel, SharedRegion, socket_pair
 from modelyard.workers.exits import describe_exit, rebuild_error
 from modelyard.workers.factory import WorkerFactory, WorkerHandle, WorkerStartError
-from modelyard.workers.footprint import MemorySample, sample_memory
+from modelyard.workers.footprint import (
+    MemorySample,
+    mapped_private_bytes,
+    sample_memory,
+    weight_files,
+)
 from modelyard.workers.instance import ExitCallback, InstanceInfo, StartRequest
 from modelyard.workers.limits import MemoryLimit, MemoryLimitError
 from modelyard.workers.messages import (
@@ -157,6 +164,7 @@ class ProcessInstance:
             await self._warm_up(request, loaded, deadline)
             warmup_s = time.perf_counter() - t1
             sample = await self.sample_memory()
+            footprint, mapped = await self._weights_apart(request.spec, sample)
         except BaseException as exc:
             await self._abort()
             if isinstance(exc, ModelLoadError | asyncio.CancelledError):
@@ -180,12 +188,15 @@ class ProcessInstance:
             "start_method": self._handle.start_method,
             "memory_limit_backend": self._factory.memory_limit_backend,
             "memory_limit_bytes": request.memory_limit_bytes,
+            "mapped_weight_private_bytes": mapped,
         }
         return InstanceInfo(
             inputs=list(loaded.inputs),
             outputs=list(loaded.outputs),
             supports_batching=loaded.supports_batching,
-            footprint_bytes=sample.uss_bytes,
+            # Mapped weight files are the page cache's, charged once per file by the
+            # budget; the replica's own cost is the rest of its private memory.
+            footprint_bytes=footprint,
             process_start_s=process_start_s,
             load_s=loaded.load_s,
             warmup_s=warmup_s,
@@ -465,6 +476,26 @@ class ProcessInstance:
             return await asyncio.to_thread(sample_memory, pid)
         except psutil.NoSuchProcess:
             raise self._not_serving() from None
+
+    async def _weights_apart(self, spec: RuntimeSpec, sample: MemorySample) -> tuple[int, int]:
+        """(USS less the mapped weight files' private pages, those pages).
+
+        Only ``share_weights`` ONNX workers map their weights; for the others it is
+        ``(USS, 0)``. USS and the mapped part come from one read of ``smaps``.
+        """
+        pid = self.pid
+        if not (spec.share_weights and spec.kind == "onnx") or pid is None:
+            return sample.uss_bytes, 0
+
+        def measure() -> tuple[int, int]:
+            paths = [f.path for f in weight_files(Path(spec.version_dir))]
+            return mapped_private_bytes(pid, paths)
+
+        try:
+            uss, mapped = await asyncio.to_thread(measure)
+        except psutil.NoSuchProcess:
+            raise self._not_serving() from None
+        return max(0, uss - mapped), mapped
 
     def _start_watchdog(self) -> None:
         limit = self._limit

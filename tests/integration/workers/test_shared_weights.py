@@ -9,6 +9,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from modelyard.workers.factory import WorkerFactory
+from modelyard.workers.instance import StartRequest
+from modelyard.workers.process import ProcessInstance
+
 from .conftest import Starter, onnx_spec
 
 SIDE = 2048
@@ -66,3 +70,19 @@ async def test_two_replicas_pss_per_worker(
         # libraries divide among the same processes: the model's share of memory.
         model_pss = sample.pss_bytes - base.pss_bytes
         assert low * WEIGHTS_BYTES < model_pss < high * WEIGHTS_BYTES, (share, model_pss)
+
+
+async def test_a_sharing_replica_reports_its_mapped_weights_apart(
+    factory: WorkerFactory, big_model: Path
+) -> None:
+    # The only mapper of the file holds its pages privately (they count in its USS); the
+    # footprint must leave them out, since the budget charges the file once by itself.
+    instance = ProcessInstance(factory)
+    try:
+        info = await instance.start(StartRequest(onnx_spec(big_model, share_weights=True)))
+        mapped = info.details["mapped_weight_private_bytes"]
+        assert isinstance(mapped, int)
+        assert 0.9 * WEIGHTS_BYTES < mapped <= 1.01 * WEIGHTS_BYTES, mapped
+        assert info.footprint_bytes < 0.5 * WEIGHTS_BYTES, info.footprint_bytes
+    finally:
+        await instance.stop()
