@@ -12,8 +12,10 @@ from starlette.routing import Route
 
 from modelyard.app import App
 from modelyard.config.settings import load_settings
-from modelyard.frontends.http.app import InferFastPath, create_app
+from modelyard.frontends.http.app import create_app
 from modelyard.frontends.http.errors import HTTP_STATUS
+from modelyard.frontends.http.fastpath import InferFastPath
+from modelyard.frontends.http.limits import RouteLimits
 from modelyard.frontends.http.openapi import OPENAPI_PATH, openapi_document
 from tests.servers import running_server, write_config
 
@@ -64,9 +66,11 @@ def test_document_lists_exactly_the_servers_routes(config_file: Path) -> None:
     app = App(load_settings(config_file))
     asgi = create_app(app.dataplane, 1 << 20, app.extra_routes())
     assert isinstance(asgi, InferFastPath)
-    assert isinstance(asgi.fallback, Starlette)
+    assert isinstance(asgi.fallback, RouteLimits)
+    routed = asgi.fallback.app
+    assert isinstance(routed, Starlette)
     served: set[tuple[str, str]] = set()
-    for route in asgi.fallback.routes:
+    for route in routed.routes:
         assert isinstance(route, Route), route
         # Starlette adds HEAD to every GET route by itself.
         served |= {(route.path, m.lower()) for m in route.methods or () if m != "HEAD"}

@@ -110,6 +110,8 @@ class FakeDataPlane:
         self._check(name)
         self.loaded.append(name)
         self.configs.append(config)
+        if name not in self.ready_models:  # as DataPlane.load answers it
+            raise ModelNotReadyError(f"model {name!r} did not become ready")
 
     async def unload(self, name: str) -> None:
         self._check(name)

@@ -18,7 +18,6 @@ from modelyard.errors import (
     DeadlineExceededError,
     ErrorCode,
     InvalidInputError,
-    ModelNotReadyError,
     NotSupportedError,
     ServerError,
 )
@@ -75,7 +74,8 @@ class DataPlaneProtocol(Protocol):
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]: ...
 
-    async def load(self, name: str, config: object = None) -> None: ...
+    async def load(self, name: str, config: object = None) -> None:
+        """Load the model; ModelNotReadyError when it did not become ready."""
 
     async def unload(self, name: str) -> None: ...
 
@@ -260,8 +260,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Load (or reload) a model; returns once it is ready, as the REST verb does."""
         name = _model_name(request.model_name)
         await self.dataplane.load(name, _load_config(request.parameters))
-        if not self.dataplane.model_ready(name, None):
-            raise ModelNotReadyError(f"model {name!r} did not become ready")
         return pb.RepositoryModelLoadResponse()
 
     @_translated

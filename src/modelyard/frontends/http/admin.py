@@ -9,7 +9,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from modelyard.errors import InvalidInputError
-from modelyard.frontends.http.app import _guard, json_response
+from modelyard.frontends.http.bodies import json_response
+from modelyard.frontends.http.errors import guarded
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import DEFAULT_ALIAS
 from modelyard.manager.stats import manager_stats
@@ -87,15 +88,15 @@ def admin_routes(app: _HasManager) -> list[BaseRoute]:
         return json_response(body)
 
     return [
-        Route("/v2/stats", _guard(stats), methods=["GET"]),
-        Route("/v2/health/details", _guard(health_details), methods=["GET"]),
-        Route("/v2/repository/models/{model}/pin", _guard(pin), methods=["POST"]),
-        Route("/v2/repository/models/{model}/unpin", _guard(unpin), methods=["POST"]),
-        Route("/v2/repository/models/{model}/aliases", _guard(list_aliases), methods=["GET"]),
+        Route("/v2/stats", guarded(stats), methods=["GET"]),
+        Route("/v2/health/details", guarded(health_details), methods=["GET"]),
+        Route("/v2/repository/models/{model}/pin", guarded(pin), methods=["POST"]),
+        Route("/v2/repository/models/{model}/unpin", guarded(unpin), methods=["POST"]),
+        Route("/v2/repository/models/{model}/aliases", guarded(list_aliases), methods=["GET"]),
         Route(
             "/v2/repository/models/{model}/aliases/{alias}",
-            _guard(set_alias),
+            guarded(set_alias),
             methods=["POST", "PUT"],
         ),
-        Route("/v2/repository/models/{model}/rollback", _guard(rollback), methods=["POST"]),
+        Route("/v2/repository/models/{model}/rollback", guarded(rollback), methods=["POST"]),
     ]
