@@ -313,8 +313,8 @@ ATTACKS = [
         "load-failure-of-a-discovered-model",
         "load",
         "corrupt",
-        status=500,
-        grpc_code=grpc.StatusCode.INTERNAL,
+        status=503,
+        grpc_code=grpc.StatusCode.UNAVAILABLE,
         error="failed to load",
     ),
     # REST only: what the URL itself can carry.

@@ -38,6 +38,9 @@ from modelyard.protocol.types import (
     InferOutput,
     InferRequest,
     InferResponse,
+    ModelMetadata,
+    ServerMetadata,
+    TensorMetadata,
     earliest,
     header_timeout_s,
 )
@@ -45,7 +48,7 @@ from modelyard.runtimes.base import TensorSpec
 
 SERVER_NAME = "modelyard"
 _ROUTE_ATTEMPTS = 3
-EXTENSIONS = ["model_repository", "binary_tensor_data", "schedule_policy", "statistics"]
+EXTENSIONS = ("model_repository", "binary_tensor_data", "schedule_policy", "statistics")
 
 _PLATFORMS = {
     "onnx": "onnxruntime_onnx",
@@ -59,6 +62,10 @@ def _shape_matches(spec: tuple[int, ...], shape: tuple[int, ...]) -> bool:
     return len(spec) == len(shape) and all(
         s < 0 or s == d for s, d in zip(spec, shape, strict=True)
     )
+
+
+def _tensors(specs: list[TensorSpec]) -> tuple[TensorMetadata, ...]:
+    return tuple(TensorMetadata(s.name, s.datatype, s.shape) for s in specs)
 
 
 def _raw_size(array: np.ndarray) -> int:
@@ -117,29 +124,26 @@ class DataPlane:
 
     # ------------------------------------------------------------------ metadata
 
-    def server_metadata(self) -> dict[str, object]:
-        """``{"name", "version", "extensions"}``."""
-        return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
+    def server_metadata(self) -> ServerMetadata:
+        """The server's name, version and protocol extensions."""
+        return ServerMetadata(SERVER_NAME, __version__, EXTENSIONS)
 
-    def model_metadata(self, name: str, version: str | None) -> dict[str, object]:
+    def model_metadata(self, name: str, version: str | None) -> ModelMetadata:
         """The protocol's model metadata; tensors are known once the model has loaded."""
         record = self.manager.resolve(check_model_name(name), check_version_name(version))
         entry = self.manager.entry(name)
-        meta: dict[str, object] = {
-            "name": name,
-            "versions": sorted(entry.versions, key=int),
-            "platform": _PLATFORMS.get(record.config.runtime, record.config.runtime),
-            "inputs": [],
-            "outputs": [],
-        }
-        if record.info is not None:
-            meta["inputs"] = [t.to_dict() for t in record.info.inputs]
-            meta["outputs"] = [t.to_dict() for t in record.info.outputs]
-        return meta
+        info = record.info
+        return ModelMetadata(
+            name=name,
+            versions=tuple(sorted(entry.versions, key=int)),
+            platform=_PLATFORMS.get(record.config.runtime, record.config.runtime),
+            inputs=() if info is None else _tensors(info.inputs),
+            outputs=() if info is None else _tensors(info.outputs),
+        )
 
     async def model_metadata_loaded(
         self, name: str, version: str | None, timeout_s: float | None = None
-    ) -> dict[str, object]:
+    ) -> ModelMetadata:
         """Metadata, loading the model first if its tensors are not known yet.
 
         The wait for the load is bounded by the client's own ``timeout_s`` if it gave one,
@@ -209,8 +213,7 @@ class DataPlane:
         if timeout_ms is not None:
             timeout_s = earliest(timeout_s, header_timeout_s(timeout_ms))
         meta = await self.model_metadata_loaded(call.model, call.version, timeout_s)
-        specs: list[dict[str, Any]] = meta["inputs"]  # type: ignore[assignment]
-        inputs = predict_inputs(doc, call.model, specs)
+        inputs = predict_inputs(doc, call.model, meta.inputs)
         if timeout_s is not None:
             timeout_s -= time.monotonic() - started
             if timeout_s <= 0:

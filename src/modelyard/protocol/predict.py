@@ -16,7 +16,13 @@ import numpy as np
 from modelyard.errors import InvalidInputError
 from modelyard.protocol.json_tensors import array_from_nested, json_nested
 from modelyard.protocol.tensors import json_data
-from modelyard.protocol.types import InferInput, InferResponse, priority_param, timeout_param_s
+from modelyard.protocol.types import (
+    InferInput,
+    InferResponse,
+    TensorMetadata,
+    priority_param,
+    timeout_param_s,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,26 +51,25 @@ def predict_call(doc: Mapping[str, Any]) -> PredictCall:
 
 
 def predict_inputs(
-    doc: Mapping[str, Any], model: str, specs: Sequence[Mapping[str, Any]]
+    doc: Mapping[str, Any], model: str, specs: Sequence[TensorMetadata]
 ) -> list[InferInput]:
-    """The document's inputs typed by the model's input metadata (``{"name", "datatype",
-    "shape"}`` each); a single example is promoted to a batch of one when the model
-    wants a batch."""
+    """The document's inputs typed by the model's input metadata; a single example is
+    promoted to a batch of one when the model wants a batch."""
     raw = doc.get("inputs")
     if raw is None and "text" in doc:
-        if len(specs) != 1 or specs[0]["datatype"] != "BYTES":
+        if len(specs) != 1 or specs[0].datatype != "BYTES":
             raise InvalidInputError(
                 f"'text' needs a model with one BYTES input; {model!r} has "
-                f"{', '.join(s['name'] + ':' + s['datatype'] for s in specs)}"
+                f"{', '.join(s.name + ':' + s.datatype for s in specs)}"
             )
         text = doc["text"]
         texts = [text] if isinstance(text, str) else text
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise InvalidInputError("'text' must be a string or a list of strings")
-        raw = {specs[0]["name"]: texts}
+        raw = {specs[0].name: texts}
     if not isinstance(raw, dict) or not raw:
         raise InvalidInputError("'inputs' must be an object of input name → nested list")
-    by_name = {s["name"]: s for s in specs}
+    by_name = {s.name: s for s in specs}
     inputs = []
     for name, value in raw.items():
         spec = by_name.get(name)
@@ -72,10 +77,10 @@ def predict_inputs(
             raise InvalidInputError(
                 f"model {model!r} has no input {name!r}; inputs are: {', '.join(by_name)}"
             )
-        arr = array_from_nested(name, spec["datatype"], value)
-        if arr.ndim == len(spec["shape"]) - 1:
+        arr = array_from_nested(name, spec.datatype, value)
+        if arr.ndim == len(spec.shape) - 1:
             arr = arr[np.newaxis, ...]
-        inputs.append(InferInput(name, spec["datatype"], tuple(arr.shape), arr))
+        inputs.append(InferInput(name, spec.datatype, tuple(arr.shape), arr))
     return inputs
 
 

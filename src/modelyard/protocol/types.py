@@ -117,3 +117,51 @@ class InferResponse:
     outputs: list[InferOutput]
     id: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMetadata:
+    """Name, datatype and shape (``-1`` = any size) of a model's input or output."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        """The protocol's JSON form: ``{"name", "datatype", "shape"}``."""
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    """The protocol's model metadata; each front end writes it in its own form."""
+
+    name: str
+    versions: tuple[str, ...]
+    platform: str
+    inputs: tuple[TensorMetadata, ...] = ()
+    """Known once the model has loaded (empty before)."""
+    outputs: tuple[TensorMetadata, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        """The REST form: ``{"name", "versions", "platform", "inputs", "outputs"}``."""
+        return {
+            "name": self.name,
+            "versions": list(self.versions),
+            "platform": self.platform,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMetadata:
+    """The server's name, version and protocol extensions."""
+
+    name: str
+    version: str
+    extensions: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        """The REST form: ``{"name", "version", "extensions"}``."""
+        return {"name": self.name, "version": self.version, "extensions": list(self.extensions)}

@@ -53,12 +53,13 @@ class RestApi:
 
     async def server_metadata(self, request: Request) -> Response:
         """``GET /v2``."""
-        return json_response(self.dp.server_metadata())
+        return json_response(self.dp.server_metadata().to_dict())
 
     async def model_metadata(self, request: Request) -> Response:
         """``GET /v2/models/{m}[/versions/{v}]``; loads the model to learn its tensors."""
         p = request.path_params
-        return json_response(await self.dp.model_metadata_loaded(p["model"], p.get("version")))
+        meta = await self.dp.model_metadata_loaded(p["model"], p.get("version"))
+        return json_response(meta.to_dict())
 
     async def model_ready(self, request: Request) -> Response:
         """200 when that model version can serve now, 400 when not (as Triton)."""
