@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 def infer_target(path: str) -> tuple[str, str | None] | None:
     """``(model, version)`` of an infer path (version None when not given), else None."""
-    if not (path.startswith(_INFER_PREFIX) and path.endswith(_INFER_SUFFIX)):
+    if not is_infer_path(path):
         return None
     parts = path[len(_INFER_PREFIX) : -len(_INFER_SUFFIX)].split("/")
     if len(parts) == 1 and parts[0]:
