@@ -400,11 +400,13 @@ class App:
 
     def extra_routes(self) -> list[Any]:
         """Routes beside the protocol's (metrics, dashboard, admin)."""
+        from modelyard.frontends.control import ControlPlane
         from modelyard.frontends.http.admin import admin_routes
         from modelyard.frontends.http.dashboard import dashboard_routes
         from modelyard.frontends.http.metrics import metrics_routes
 
-        return [*admin_routes(self), *metrics_routes(self.metrics), *dashboard_routes(self)]
+        control = ControlPlane(self.manager, self.versions, self.health_details)
+        return [*admin_routes(control), *metrics_routes(self.metrics), *dashboard_routes(self)]
 
     async def stop(self) -> None:
         """Stop taking requests, finish in-flight ones, unload every model, stop servers."""

@@ -7,11 +7,14 @@ import json
 import struct
 from pathlib import Path
 
+import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
+from starlette.applications import Starlette
 
 from modelyard.examples.sklearn_models import digits_data
+from modelyard.frontends.http.app import RestApi
 from tests.integration.conftest import python_model
 from tests.servers import running_server, write_config
 
@@ -172,6 +175,29 @@ async def test_versions_by_path(config_file: Path) -> None:
         meta = (await client.get("/v2/models/add")).json()
         assert meta["versions"] == ["1", "2"]
         assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 4]}]
+
+
+async def test_starlette_infer_routes_answer_as_the_fast_path(config_file: Path) -> None:
+    """The Starlette infer routes (reached when the fast path declines) run the same
+    handler: same body, same headers, same errors."""
+    body = {
+        "inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [0, 0, 0, 0]}]
+    }
+    bad = {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [0]}]}
+    async with running_server(config_file) as (app, client):
+        routed = Starlette(routes=RestApi(app.dataplane, 1 << 20).routes())
+        transport = httpx.ASGITransport(app=routed)
+        async with httpx.AsyncClient(transport=transport, base_url="http://asgi") as starlette:
+            for path in ("/v2/models/add/infer", "/v2/models/add/versions/1/infer"):
+                fast = await client.post(path, json=body)
+                slow = await starlette.post(path, json=body)
+                assert (slow.status_code, slow.json()) == (fast.status_code, fast.json())
+                assert slow.headers["content-type"] == fast.headers["content-type"]
+                fast = await client.post(path, json=bad)
+                slow = await starlette.post(path, json=bad)
+                assert fast.status_code == slow.status_code == 400
+                assert slow.json() == fast.json()
+                assert (await starlette.get(path)).status_code == 405
 
 
 async def test_predict_adapter(config_file: Path) -> None:

@@ -12,8 +12,9 @@ from starlette.routing import Route
 
 from modelyard.app import App
 from modelyard.config.settings import load_settings
-from modelyard.frontends.http.app import InferFastPath, create_app
+from modelyard.frontends.http.app import create_app
 from modelyard.frontends.http.errors import HTTP_STATUS
+from modelyard.frontends.http.fastpath import InferFastPath
 from modelyard.frontends.http.openapi import OPENAPI_PATH, openapi_document
 from tests.servers import running_server, write_config
 

@@ -17,6 +17,7 @@ import numpy as np
 from modelyard import __version__
 from modelyard.config.limits import LimitsConfig
 from modelyard.errors import (
+    DeadlineExceededError,
     ErrorCode,
     InvalidInputError,
     ModelNotReadyError,
@@ -31,13 +32,23 @@ from modelyard.observability.metrics import OK, Metrics
 from modelyard.protocol.documents import json_object
 from modelyard.protocol.limits import count_elements
 from modelyard.protocol.names import check_model_name, check_version_name
+from modelyard.protocol.predict import predict_answer, predict_call, predict_inputs
 from modelyard.protocol.tensors import output_from_array
-from modelyard.protocol.types import InferOutput, InferRequest, InferResponse
+from modelyard.protocol.types import (
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    ServerMetadata,
+    TensorMetadata,
+    earliest,
+    header_timeout_s,
+)
 from modelyard.runtimes.base import TensorSpec
 
 SERVER_NAME = "modelyard"
 _ROUTE_ATTEMPTS = 3
-EXTENSIONS = ["model_repository", "binary_tensor_data", "schedule_policy", "statistics"]
+EXTENSIONS = ("model_repository", "binary_tensor_data", "schedule_policy", "statistics")
 
 _PLATFORMS = {
     "onnx": "onnxruntime_onnx",
@@ -51,6 +62,10 @@ def _shape_matches(spec: tuple[int, ...], shape: tuple[int, ...]) -> bool:
     return len(spec) == len(shape) and all(
         s < 0 or s == d for s, d in zip(spec, shape, strict=True)
     )
+
+
+def _tensors(specs: list[TensorSpec]) -> tuple[TensorMetadata, ...]:
+    return tuple(TensorMetadata(s.name, s.datatype, s.shape) for s in specs)
 
 
 def _raw_size(array: np.ndarray) -> int:
@@ -109,29 +124,26 @@ class DataPlane:
 
     # ------------------------------------------------------------------ metadata
 
-    def server_metadata(self) -> dict[str, object]:
-        """``{"name", "version", "extensions"}``."""
-        return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
+    def server_metadata(self) -> ServerMetadata:
+        """The server's name, version and protocol extensions."""
+        return ServerMetadata(SERVER_NAME, __version__, EXTENSIONS)
 
-    def model_metadata(self, name: str, version: str | None) -> dict[str, object]:
+    def model_metadata(self, name: str, version: str | None) -> ModelMetadata:
         """The protocol's model metadata; tensors are known once the model has loaded."""
         record = self.manager.resolve(check_model_name(name), check_version_name(version))
         entry = self.manager.entry(name)
-        meta: dict[str, object] = {
-            "name": name,
-            "versions": sorted(entry.versions, key=int),
-            "platform": _PLATFORMS.get(record.config.runtime, record.config.runtime),
-            "inputs": [],
-            "outputs": [],
-        }
-        if record.info is not None:
-            meta["inputs"] = [t.to_dict() for t in record.info.inputs]
-            meta["outputs"] = [t.to_dict() for t in record.info.outputs]
-        return meta
+        info = record.info
+        return ModelMetadata(
+            name=name,
+            versions=tuple(sorted(entry.versions, key=int)),
+            platform=_PLATFORMS.get(record.config.runtime, record.config.runtime),
+            inputs=() if info is None else _tensors(info.inputs),
+            outputs=() if info is None else _tensors(info.outputs),
+        )
 
     async def model_metadata_loaded(
         self, name: str, version: str | None, timeout_s: float | None = None
-    ) -> dict[str, object]:
+    ) -> ModelMetadata:
         """Metadata, loading the model first if its tensors are not known yet.
 
         The wait for the load is bounded by the client's own ``timeout_s`` if it gave one,
@@ -186,6 +198,36 @@ class DataPlane:
             metrics.request_done(
                 record.key.name, record.key.version, code, time.monotonic() - started
             )
+
+    async def predict(
+        self, doc: Mapping[str, Any], timeout_ms: str | None = None
+    ) -> dict[str, object]:
+        """Answer a ``/predict`` document (see :mod:`modelyard.protocol.predict`).
+
+        ``timeout_ms`` is the client's ``X-Modelyard-Timeout-Ms`` value, if any; with the
+        document's ``timeout`` it bounds the whole call, the load and decoding included.
+        """
+        started = time.monotonic()
+        call = predict_call(doc)
+        timeout_s = call.timeout_s
+        if timeout_ms is not None:
+            timeout_s = earliest(timeout_s, header_timeout_s(timeout_ms))
+        meta = await self.model_metadata_loaded(call.model, call.version, timeout_s)
+        inputs = predict_inputs(doc, call.model, meta.inputs)
+        if timeout_s is not None:
+            timeout_s -= time.monotonic() - started
+            if timeout_s <= 0:
+                raise DeadlineExceededError(
+                    f"the request's deadline passed before {call.model!r} ran"
+                )
+        request = InferRequest(
+            model_name=call.model,
+            model_version=call.version,
+            inputs=inputs,
+            priority=call.priority,
+            timeout_s=timeout_s,
+        )
+        return predict_answer(await self.infer(request))
 
     async def _infer(
         self, record: ModelRecord, request: InferRequest, started: float
@@ -340,13 +382,19 @@ class DataPlane:
         return rows
 
     async def load(self, name: str, config: object = None) -> None:
-        """Load the model's default version (repository extension).
+        """Load the model's default version (repository extension); ModelNotReadyError
+        when it did not become ready.
 
         ``config`` (the load request's ``config`` parameter: a JSON string, as Triton's
         clients send it, or an object, with the fields of a ``models:`` entry) adds a model
         folder the configuration does not list, or reconfigures an unloaded one.
         """
-        await self.manager.load(check_model_name(name), config=_load_config(config))
+        name = check_model_name(name)
+        await self.manager.load(name, config=_load_config(config))
+        # Both front ends answer a load only once the model serves: a load that returned
+        # without a ready default version is the client's 503, not a silent success.
+        if not self.model_ready(name, None):
+            raise ModelNotReadyError(f"model {name!r} did not become ready")
 
     async def unload(self, name: str) -> None:
         """Unload every loaded version of the model (repository extension)."""

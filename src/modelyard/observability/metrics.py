@@ -15,27 +15,24 @@ Three kinds of figures, three ways in:
 Names follow ``modelyard_<subsystem>_<what>_<unit>``; label values come from bounded
 sets (model, version, device, code, state, kind), never from requests.
 
-The same calls feed :class:`RecentTraffic`, a per-second ring buffer of request counts,
-p50/p99 latency and cold starts that the dashboard draws. It needs no background task:
-a second is summarised when the next one starts, or when the buffer is read.
+The same calls feed :class:`~modelyard.observability.traffic.RecentTraffic` (``traffic.py``),
+the per-second figures the dashboard draws. The scrape-time collector is in
+``collector.py``, its CUDA readings in ``cuda.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import random
-import sys
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from modelyard.clock import Clock, MonotonicClock
-from modelyard.manager.states import RESIDENT, ModelState
+from modelyard.observability.collector import ManagerCollector
+from modelyard.observability.traffic import RecentTraffic
 
 if TYPE_CHECKING:
     from modelyard.manager.events import Event
@@ -52,9 +49,6 @@ LATENCY_BUCKETS_S = (
 SWITCH_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
-BREAKER_STATE_VALUES = {"closed": 0, "half_open": 1, "open": 2}
-"""``modelyard_scheduler_breaker_state``: 0 closed, 1 half-open, 2 open."""
-
 _EVENT_COUNTERS = {
     "loaded": "loads",
     "unloaded": "unloads",
@@ -63,95 +57,9 @@ _EVENT_COUNTERS = {
     "restarted": "restarts",
 }
 _LOAD_FAILURES = {"load_failed": "failed", "load_refused": "refused", "verify_failed": "verify"}
-_WORKER_MEMORY_KINDS = ("rss", "uss", "pss", "swap")
 
 BatchHook = Callable[[int, list[float], float], None]
 """The scheduler's ``on_batch(batch_rows, queue_wait_s_per_request, compute_s)``."""
-
-
-# --------------------------------------------------------------------------- recent traffic
-
-_SAMPLE_CAP = 1024
-"""Latencies kept per model version per second; beyond it a uniform reservoir sample."""
-
-
-@dataclass(slots=True)
-class _Second:
-    second: int
-    requests: int = 0
-    errors: int = 0
-    cold_starts: int = 0
-    latencies_s: list[float] = field(default_factory=list)
-
-    def add(self, latency_s: float) -> None:
-        self.requests += 1
-        if len(self.latencies_s) < _SAMPLE_CAP:
-            self.latencies_s.append(latency_s)
-        else:
-            slot = int(random.random() * self.requests)
-            if slot < _SAMPLE_CAP:
-                self.latencies_s[slot] = latency_s
-
-    def summary(self) -> tuple[int, int, int, float | None, float | None]:
-        ordered = sorted(self.latencies_s)
-        return (
-            self.requests,
-            self.errors,
-            self.cold_starts,
-            _quantile(ordered, 0.50),
-            _quantile(ordered, 0.99),
-        )
-
-
-def _quantile(ordered: list[float], q: float) -> float | None:
-    if not ordered:
-        return None
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-class RecentTraffic:
-    """One model version's requests per second over the last ``horizon_s`` seconds."""
-
-    def __init__(self, horizon_s: int) -> None:
-        self._closed: deque[tuple[int, tuple[int, int, int, float | None, float | None]]] = deque(
-            maxlen=horizon_s
-        )
-        self._open: _Second | None = None
-
-    def _at(self, second: int) -> _Second:
-        current = self._open
-        if current is None or current.second != second:
-            if current is not None:
-                self._closed.append((current.second, current.summary()))
-            current = self._open = _Second(second)
-        return current
-
-    def request(self, second: int, latency_s: float, *, is_error: bool) -> None:
-        """Count one answered request."""
-        bucket = self._at(second)
-        bucket.add(latency_s)
-        bucket.errors += is_error
-
-    def cold_start(self, second: int) -> None:
-        """Count one request that waited for a load."""
-        self._at(second).cold_starts += 1
-
-    def window(self, end_second: int, length_s: int) -> dict[str, list[Any]]:
-        """The ``length_s`` whole seconds before ``end_second``, oldest first, gaps as 0."""
-        if self._open is not None and self._open.second < end_second:
-            self._closed.append((self._open.second, self._open.summary()))
-            self._open = None
-        start = end_second - length_s
-        by_second = {s: row for s, row in self._closed if start <= s < end_second}
-        empty = (0, 0, 0, None, None)
-        rows = [by_second.get(s, empty) for s in range(start, end_second)]
-        return {
-            "requests": [r[0] for r in rows],
-            "errors": [r[1] for r in rows],
-            "cold_starts": [r[2] for r in rows],
-            "p50_s": [r[3] for r in rows],
-            "p99_s": [r[4] for r in rows],
-        }
 
 
 # --------------------------------------------------------------------------- metrics
@@ -367,154 +275,3 @@ class Metrics:
                 if m.model
             ],
         }
-
-
-class ManagerCollector:
-    """A prometheus_client collector reading the manager's state at scrape time."""
-
-    def __init__(self, manager: ModelManager) -> None:
-        self._manager = manager
-
-    def describe(self) -> Iterable[Metric]:
-        """The families this collector yields (for the registry's duplicate check)."""
-        return self._families()
-
-    def collect(self) -> Iterable[Metric]:
-        """One fresh reading of every model version and device."""
-        fams = self._families()
-        f = {fam.name: fam for fam in fams}
-        used: dict[str, int] = {}
-        for record in self._manager.records():
-            mv = [record.key.name, record.key.version]
-            device = record.config.device
-            for state in ModelState:
-                f["modelyard_model_state"].add_metric([*mv, state.value], state is record.state)
-            f["modelyard_model_reserved_bytes"].add_metric([*mv, device], record.reserved_bytes)
-            if record.measured_bytes is not None:
-                f["modelyard_model_measured_bytes"].add_metric([*mv, device], record.measured_bytes)
-            if record.state in RESIDENT:
-                held = record.measured_bytes
-                used[device] = used.get(device, 0) + (
-                    held if held is not None else record.reserved_bytes
-                )
-            f["modelyard_model_in_flight_requests"].add_metric(mv, record.in_flight)
-            f["modelyard_model_cold_starts"].add_metric(mv, record.stats.cold_starts)
-            if record.scheduler is not None:
-                stats = record.scheduler.stats()
-                f["modelyard_scheduler_queued_requests"].add_metric(mv, _num(stats["queue_depth"]))
-                f["modelyard_scheduler_running_requests"].add_metric(
-                    mv, _num(stats["running_requests"])
-                )
-                breaker = BREAKER_STATE_VALUES.get(str(stats["breaker_state"]))
-                if breaker is not None:
-                    f["modelyard_scheduler_breaker_state"].add_metric(mv, breaker)
-                f["modelyard_scheduler_breaker_opened"].add_metric(
-                    mv, _num(stats["breaker_times_opened"])
-                )
-            if record.info is not None and record.state in RESIDENT:
-                # Process workers report ``rss_bytes``… at the top level; others may nest them.
-                details = record.info.details
-                memory = details.get("memory", details)
-                if isinstance(memory, dict):
-                    for kind in _WORKER_MEMORY_KINDS:
-                        value = memory.get(f"{kind}_bytes")
-                        if isinstance(value, int | float):
-                            f["modelyard_worker_memory_bytes"].add_metric([*mv, kind], value)
-        for dev in self._manager.budget.devices.values():
-            f["modelyard_device_memory_budget_bytes"].add_metric([dev.name], dev.budget_bytes)
-            f["modelyard_device_memory_reserved_bytes"].add_metric([dev.name], dev.reserved_bytes)
-            f["modelyard_device_memory_free_bytes"].add_metric([dev.name], dev.free_bytes)
-            f["modelyard_device_memory_used_bytes"].add_metric([dev.name], used.get(dev.name, 0))
-        for name, (physical, utilization) in _cuda_readings(self._manager.budget.devices).items():
-            if physical is not None:
-                f["modelyard_device_physical_memory_used_bytes"].add_metric([name], physical)
-            if utilization is not None:
-                f["modelyard_device_utilization_ratio"].add_metric([name], utilization)
-        return fams
-
-    @staticmethod
-    def _families() -> list[GaugeMetricFamily | CounterMetricFamily]:
-        mv = ["model", "version"]
-        g = GaugeMetricFamily
-        c = CounterMetricFamily
-        return [
-            g("modelyard_model_state", "1 for the version's lifecycle state, 0 for the others.",
-              labels=[*mv, "state"]),
-            g("modelyard_model_reserved_bytes", "Bytes the budget holds for the version.",
-              labels=[*mv, "device"]),
-            g("modelyard_model_measured_bytes", "Measured footprint of the version's last load.",
-              labels=[*mv, "device"]),
-            g("modelyard_model_in_flight_requests", "Model calls running for the version.",
-              labels=mv),
-            c("modelyard_model_cold_starts", "Loads started by a request (cache misses).",
-              labels=mv),
-            g("modelyard_scheduler_queued_requests", "Requests waiting in the version's queue.",
-              labels=mv),
-            g("modelyard_scheduler_running_requests", "Requests in running model calls.",
-              labels=mv),
-            g("modelyard_scheduler_breaker_state",
-              "Circuit breaker: 0 closed, 1 half-open, 2 open.", labels=mv),
-            c("modelyard_scheduler_breaker_opened",
-              "Times the breaker opened (since the version's last load).", labels=mv),
-            g("modelyard_worker_memory_bytes",
-              "Memory of the version's worker as it reported it, by kind (rss, uss, pss, swap).",
-              labels=[*mv, "kind"]),
-            g("modelyard_device_memory_budget_bytes", "Bytes loaded models may hold on the device.",
-              labels=["device"]),
-            g("modelyard_device_memory_reserved_bytes", "Bytes reserved on the device's budget.",
-              labels=["device"]),
-            g("modelyard_device_memory_free_bytes", "Budget left on the device.",
-              labels=["device"]),
-            g("modelyard_device_memory_used_bytes",
-              "Bytes resident models hold on the device (measured; reserved until measured).",
-              labels=["device"]),
-            g("modelyard_device_physical_memory_used_bytes",
-              "CUDA device memory in use by every process (as nvidia-smi shows it).",
-              labels=["device"]),
-            g("modelyard_device_utilization_ratio", "CUDA device utilisation, 0 to 1.",
-              labels=["device"]),
-        ]  # fmt: skip
-
-
-def _num(value: object) -> float:
-    return float(value) if isinstance(value, int | float) else 0.0
-
-
-def _cuda_readings(devices: Iterable[str]) -> dict[str, tuple[float | None, float | None]]:
-    """Memory used and utilisation of each ``cuda:N`` device, only if torch is imported.
-
-    Never imports torch, and never creates a CUDA context in the server (NVML queries
-    only; ``mem_get_info`` only where this process already initialised CUDA).
-    """
-    torch: Any = sys.modules.get("torch")
-    cuda_devices = [d for d in devices if d.startswith("cuda:")]
-    if torch is None or not cuda_devices:
-        return {}
-    out: dict[str, tuple[float | None, float | None]] = {}
-    try:
-        if not torch.cuda.is_available():
-            return {}
-        for name in cuda_devices:
-            index = int(name.partition(":")[2])
-            out[name] = (_cuda_used(torch, index), _cuda_utilization(torch, index))
-    except Exception:  # a metrics scrape must not fail for a driver hiccup
-        log.debug("metrics: cannot read CUDA devices", exc_info=True)
-    return out
-
-
-def _cuda_used(torch: Any, index: int) -> float | None:
-    try:
-        return float(torch.cuda.device_memory_used(index))  # NVML: no CUDA context needed
-    except Exception:
-        pass
-    if torch.cuda.is_initialized():
-        free, total = torch.cuda.mem_get_info(index)
-        return float(total - free)
-    return None
-
-
-def _cuda_utilization(torch: Any, index: int) -> float | None:
-    try:
-        return float(torch.cuda.utilization(index)) / 100.0
-    except Exception:  # needs pynvml
-        return None

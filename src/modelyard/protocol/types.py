@@ -29,6 +29,29 @@ def header_timeout_s(value: str | bytes) -> float:
     return ms / 1000.0
 
 
+def priority_param(value: object, what: str = "parameter 'priority'") -> int | None:
+    """A request's ``priority`` (1 is the highest; None: not given), as every route reads it.
+
+    REST infer, ``/predict`` and gRPC share this check, so a value one route refuses
+    (``true``, ``0``, ``"high"``) is refused by all of them with the same words.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"{what} must be a positive integer (1 is the highest)")
+    return value
+
+
+def timeout_param_s(value: object, what: str = "parameter 'timeout'") -> float | None:
+    """Seconds from a request's ``timeout`` in microseconds (None: not given), as every
+    route reads it; InvalidInputError unless a positive number (never a boolean)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise InvalidInputError(f"{what} must be a positive number of microseconds")
+    return float(value) / 1e6
+
+
 def earliest(timeout_s: float | None, other_s: float | None) -> float | None:
     """The shorter of two optional client timeouts (None: not given)."""
     if timeout_s is None:
@@ -94,3 +117,51 @@ class InferResponse:
     outputs: list[InferOutput]
     id: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMetadata:
+    """Name, datatype and shape (``-1`` = any size) of a model's input or output."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        """The protocol's JSON form: ``{"name", "datatype", "shape"}``."""
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    """The protocol's model metadata; each front end writes it in its own form."""
+
+    name: str
+    versions: tuple[str, ...]
+    platform: str
+    inputs: tuple[TensorMetadata, ...] = ()
+    """Known once the model has loaded (empty before)."""
+    outputs: tuple[TensorMetadata, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        """The REST form: ``{"name", "versions", "platform", "inputs", "outputs"}``."""
+        return {
+            "name": self.name,
+            "versions": list(self.versions),
+            "platform": self.platform,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMetadata:
+    """The server's name, version and protocol extensions."""
+
+    name: str
+    version: str
+    extensions: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        """The REST form: ``{"name", "version", "extensions"}``."""
+        return {"name": self.name, "version": self.version, "extensions": list(self.extensions)}

@@ -65,6 +65,7 @@ from modelyard.scheduling.breaker import BreakerState, CircuitBreaker, Permit
 from modelyard.scheduling.config import SchedulerConfig
 from modelyard.scheduling.dispatcher import CallReport, Execute, call_model
 from modelyard.scheduling.request_queue import QueuedRequest, RequestQueue, RequestState
+from modelyard.scheduling.stats import SchedulerStats
 
 __all__ = ["ADMISSION_COUNTERS", "OUTCOME_COUNTERS", "BatchHook", "Execute", "ModelScheduler"]
 
@@ -315,33 +316,35 @@ class ModelScheduler:
         and ``model_calls``; a copy."""
         return {key: self._counts[key] for key in _COUNTERS}
 
-    def stats(self) -> dict[str, object]:
-        """Queue, batching and breaker figures plus the request counters, for metrics."""
+    def snapshot(self) -> SchedulerStats:
+        """Queue, batching and breaker figures plus the request counters, typed."""
         cap, delay_s = self._limits()
-        breaker = self._breaker.snapshot()
-        opened_until = breaker["opened_until"]
-        stats: dict[str, object] = {
-            "model": self.name,
-            "state": self._state.value,
-            "queue_depth": len(self._queue),
-            "max_queue_size": self.config.max_queue_size,
-            "running_requests": self._running_requests,
-            "batches_in_flight": len(self._batches),
-            "pending": self.pending,
-            "batch_size_cap": cap,
-            "queue_delay_s": delay_s,
-            "breaker_state": breaker["state"],
-            "breaker_opened_until": opened_until,
-            "breaker_open_for_s": (
-                max(0.0, opened_until - self._clock.monotonic())
-                if isinstance(opened_until, float)
-                else None
+        breaker = self._breaker
+        state = breaker.state  # read once: an open breaker half-opens when it is read late
+        opened_until = breaker.opened_until if state is BreakerState.OPEN else None
+        return SchedulerStats(
+            model=self.name,
+            state=self._state.value,
+            queue_depth=len(self._queue),
+            max_queue_size=self.config.max_queue_size,
+            running_requests=self._running_requests,
+            batches_in_flight=len(self._batches),
+            pending=self.pending,
+            batch_size_cap=cap,
+            queue_delay_s=delay_s,
+            breaker_state=str(state),
+            breaker_opened_until=opened_until,
+            breaker_open_for_s=(
+                None if opened_until is None else max(0.0, opened_until - self._clock.monotonic())
             ),
-            "breaker_times_opened": breaker["times_opened"],
-            "p99_latency_s": self._adaptive.p99_s() if self._adaptive is not None else None,
-        }
-        stats.update(self.counters)
-        return stats
+            breaker_times_opened=breaker.times_opened,
+            p99_latency_s=self._adaptive.p99_s() if self._adaptive is not None else None,
+            counters=self.counters,
+        )
+
+    def stats(self) -> dict[str, object]:
+        """:meth:`snapshot` as the JSON-able dict the ``/v2/stats`` view shows."""
+        return self.snapshot().as_dict()
 
     # ---------------------------------------------------------------- dispatching
 

@@ -32,7 +32,14 @@ from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from modelyard.frontends.grpc.server import start_grpc_server, stop_grpc_server
 from modelyard.frontends.grpc.servicer import DataPlaneProtocol
 from modelyard.protocol.tensors import output_from_array
-from modelyard.protocol.types import InferInput, InferRequest, InferResponse
+from modelyard.protocol.types import (
+    InferInput,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    ServerMetadata,
+    TensorMetadata,
+)
 
 MAX_MESSAGE_BYTES = 1 << 20
 
@@ -69,20 +76,15 @@ class FakeDataPlane:
         self._check(name)
         return name in self.ready_models
 
-    def server_metadata(self) -> dict[str, object]:
-        return {"name": "modelyard", "version": "0.1.0", "extensions": ["model_repository"]}
+    def server_metadata(self) -> ServerMetadata:
+        return ServerMetadata("modelyard", "0.1.0", ("model_repository",))
 
     async def model_metadata_loaded(
         self, name: str, version: str | None, timeout_s: float | None = None
-    ) -> dict[str, object]:
+    ) -> ModelMetadata:
         self._check(name)
-        return {
-            "name": name,
-            "versions": self.models[name],
-            "platform": "python",
-            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
-            "outputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
-        }
+        tensor = TensorMetadata("x", "FP32", (-1, 3))
+        return ModelMetadata(name, tuple(self.models[name]), "python", (tensor,), (tensor,))
 
     async def infer(self, request: InferRequest) -> InferResponse:
         self._check(request.model_name)
@@ -110,6 +112,8 @@ class FakeDataPlane:
         self._check(name)
         self.loaded.append(name)
         self.configs.append(config)
+        if name not in self.ready_models:  # as DataPlane.load answers it
+            raise ModelNotReadyError(f"model {name!r} did not become ready")
 
     async def unload(self, name: str) -> None:
         self._check(name)

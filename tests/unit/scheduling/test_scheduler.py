@@ -377,6 +377,11 @@ async def test_breaker_opens_probes_closes_and_reopens(make_scheduler: MakeSched
         await submit(scheduler, 3, deadline=far(clock))
     assert refused.value.retry_after_s == pytest.approx(3.0)
     assert scheduler.stats()["breaker_open_for_s"] == pytest.approx(3.0)
+    typed = scheduler.snapshot()  # the metrics collector reads this form, no coercions
+    assert (typed.breaker_state, typed.breaker_times_opened) == ("open", 1)
+    assert typed.breaker_open_for_s == pytest.approx(3.0)
+    assert typed.as_dict() == scheduler.stats()
+    assert typed.counters["rejected_circuit"] == 1
 
     clock.advance(3.0)
     assert scheduler.stats()["breaker_state"] == "half_open"

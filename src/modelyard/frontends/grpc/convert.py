@@ -28,6 +28,8 @@ from modelyard.protocol.types import (
     InferRequest,
     InferResponse,
     RequestedOutput,
+    priority_param,
+    timeout_param_s,
 )
 
 # NOTE: raw contents are little-endian by the specification, and numpy's native
@@ -104,26 +106,6 @@ def parameters_to_proto(
     """Copy plain Python values into an ``InferParameter`` map field."""
     for key, value in values.items():
         _set_parameter(target[key], key, value)
-
-
-def _priority(params: Mapping[str, Any]) -> int | None:
-    value = params.get("priority")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(
-            "parameter 'priority' must be a positive integer (1 is the highest)"
-        )
-    return value
-
-
-def _timeout_s(params: Mapping[str, Any]) -> float | None:
-    value = params.get("timeout")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise InvalidInputError("parameter 'timeout' must be a positive number of microseconds")
-    return float(value) / 1e6
 
 
 # ---------------------------------------------------------------------- tensors
@@ -277,8 +259,8 @@ def request_from_proto(msg: pb.ModelInferRequest, max_elements: int | None = Non
         id=msg.id or None,
         outputs=outputs,
         parameters=params,
-        priority=_priority(params),
-        timeout_s=_timeout_s(params),
+        priority=priority_param(params.get("priority")),
+        timeout_s=timeout_param_s(params.get("timeout")),
     )
 
 

@@ -18,12 +18,10 @@ from modelyard.errors import (
     DeadlineExceededError,
     ErrorCode,
     InvalidInputError,
-    ModelNotReadyError,
     NotSupportedError,
     ServerError,
 )
 from modelyard.frontends.grpc.convert import (
-    parameters_to_proto,
     request_from_proto,
     response_to_proto,
 )
@@ -35,6 +33,8 @@ from modelyard.protocol.types import (
     TIMEOUT_HEADER,
     InferRequest,
     InferResponse,
+    ModelMetadata,
+    ServerMetadata,
     earliest,
     header_timeout_s,
 )
@@ -65,17 +65,18 @@ class DataPlaneProtocol(Protocol):
 
     def model_ready(self, name: str, version: str | None) -> bool: ...
 
-    def server_metadata(self) -> dict[str, object]: ...
+    def server_metadata(self) -> ServerMetadata: ...
 
     async def model_metadata_loaded(
         self, name: str, version: str | None, timeout_s: float | None = None
-    ) -> dict[str, object]: ...
+    ) -> ModelMetadata: ...
 
     async def infer(self, request: InferRequest) -> InferResponse: ...
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]: ...
 
-    async def load(self, name: str, config: object = None) -> None: ...
+    async def load(self, name: str, config: object = None) -> None:
+        """Load the model; ModelNotReadyError when it did not become ready."""
 
     async def unload(self, name: str) -> None: ...
 
@@ -137,15 +138,6 @@ def _model_name(name: str) -> str:
     return check_model_name(name)
 
 
-def _tensor_metadata(
-    target: pb.ModelMetadataResponse.TensorMetadata, spec: Mapping[str, Any]
-) -> None:
-    target.name = str(spec["name"])
-    target.datatype = str(spec["datatype"])
-    target.shape.extend(int(d) for d in spec["shape"])
-    parameters_to_proto(spec.get("parameters") or {}, target.parameters)
-
-
 # Triton's load parameters replace the model's config or files; modelyard loads only
 # what its repository holds, so it refuses them rather than silently ignoring them.
 def _load_config(params: Mapping[str, pb.ModelRepositoryParameter]) -> str | None:
@@ -198,11 +190,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ServerMetadataResponse:
         """Server name, version and protocol extensions."""
         meta = self.dataplane.server_metadata()
-        extensions: Any = meta.get("extensions") or []
         return pb.ServerMetadataResponse(
-            name=str(meta["name"]),
-            version=str(meta["version"]),
-            extensions=[str(e) for e in extensions],
+            name=meta.name, version=meta.version, extensions=list(meta.extensions)
         )
 
     @_translated
@@ -210,19 +199,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelMetadataRequest, context: Context
     ) -> pb.ModelMetadataResponse:
         """The model's versions, platform and tensors (loading it to learn them)."""
-        meta: Mapping[str, Any] = await self.dataplane.model_metadata_loaded(
+        meta = await self.dataplane.model_metadata_loaded(
             _model_name(request.name), _version(request.version), _client_timeout_s(context)
         )
         response = pb.ModelMetadataResponse(
-            name=str(meta["name"]),
-            versions=[str(v) for v in meta.get("versions") or []],
-            platform=str(meta.get("platform") or ""),
+            name=meta.name, versions=list(meta.versions), platform=meta.platform
         )
-        for spec in meta.get("inputs") or []:
-            _tensor_metadata(response.inputs.add(), spec)
-        for spec in meta.get("outputs") or []:
-            _tensor_metadata(response.outputs.add(), spec)
-        parameters_to_proto(meta.get("parameters") or {}, response.parameters)
+        for spec in meta.inputs:
+            response.inputs.add(name=spec.name, datatype=spec.datatype, shape=spec.shape)
+        for spec in meta.outputs:
+            response.outputs.add(name=spec.name, datatype=spec.datatype, shape=spec.shape)
         return response
 
     @_translated
@@ -260,8 +246,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Load (or reload) a model; returns once it is ready, as the REST verb does."""
         name = _model_name(request.model_name)
         await self.dataplane.load(name, _load_config(request.parameters))
-        if not self.dataplane.model_ready(name, None):
-            raise ModelNotReadyError(f"model {name!r} did not become ready")
         return pb.RepositoryModelLoadResponse()
 
     @_translated

@@ -1,32 +1,21 @@
-"""Management routes beside the protocol: stats view, pin/unpin."""
+"""Management routes beside the protocol: stats, health details, pins, aliases, rollback.
+
+Each handler parses the request and calls the control plane (``frontends/control.py``).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from modelyard.errors import InvalidInputError
-from modelyard.frontends.http.app import _guard, json_response
-from modelyard.manager.manager import ModelManager
-from modelyard.manager.records import DEFAULT_ALIAS
-from modelyard.manager.stats import manager_stats
-from modelyard.manager.versions import VersionController
-from modelyard.protocol.documents import json_object
+from modelyard.frontends.control import DEFAULT_ALIAS, ControlPlane
+from modelyard.frontends.http.bodies import json_response, read_json
+from modelyard.frontends.http.errors import guarded
 from modelyard.protocol.names import check_model_name, check_version_name
-
-
-class _HasManager(Protocol):
-    manager: ModelManager
-    versions: VersionController
-
-    def health_details(self) -> dict[str, Any]: ...
-
-
-async def _optional_json(request: Request) -> dict[str, Any]:
-    return json_object(await request.body(), allow_empty=True)
 
 
 def _targets(doc: dict[str, Any]) -> dict[str, float]:
@@ -41,61 +30,55 @@ def _targets(doc: dict[str, Any]) -> dict[str, float]:
         raise InvalidInputError("alias weights must be numbers") from None
 
 
-def admin_routes(app: _HasManager) -> list[BaseRoute]:
+def admin_routes(control: ControlPlane) -> list[BaseRoute]:
     """Stats, pin/unpin, aliases (blue-green switch) and rollback."""
-    manager = app.manager
-    versions = app.versions
 
     async def health_details(request: Request) -> Response:
-        details = app.health_details()
+        details = control.health_details()
         return json_response(details, 200 if details["ready"] else 503)
 
     async def list_aliases(request: Request) -> Response:
-        name = check_model_name(request.path_params["model"])
-        return json_response({"name": name, "aliases": versions.aliases(name)})
+        name = request.path_params["model"]
+        aliases = control.aliases(name)
+        return json_response({"name": name, "aliases": aliases})
 
     async def set_alias(request: Request) -> Response:
         p = request.path_params
+        # The path is checked before the body is read, so a bad name is what is reported.
         check_model_name(p["model"])
         check_version_name(p["alias"])
-        route = await versions.set_alias(
-            p["model"], p["alias"], _targets(await _optional_json(request))
-        )
+        targets = _targets(await read_json(request))
+        route = await control.set_alias(p["model"], p["alias"], targets)
         return json_response({"name": p["model"], "alias": p["alias"], "versions": route})
 
     async def rollback(request: Request) -> Response:
         name = check_model_name(request.path_params["model"])
-        doc = await _optional_json(request)
+        doc = await read_json(request)
         alias = str(doc.get("alias", DEFAULT_ALIAS))
-        route = await versions.rollback(name, alias)
+        route = await control.rollback(name, alias)
         return json_response({"name": name, "alias": alias, "versions": route})
 
     async def stats(request: Request) -> Response:
-        return json_response(manager_stats(manager))
+        return json_response(control.stats())
 
     async def pin(request: Request) -> Response:
-        return _set_pinned(request, True)
+        name = control.set_pinned(request.path_params["model"], True)
+        return json_response({"name": name, "pinned": True})
 
     async def unpin(request: Request) -> Response:
-        return _set_pinned(request, False)
-
-    def _set_pinned(request: Request, pinned: bool) -> Response:
-        entry = manager.entry(check_model_name(request.path_params["model"]))
-        for record in entry.versions.values():
-            record.pinned = pinned
-        body: dict[str, Any] = {"name": entry.config.name, "pinned": pinned}
-        return json_response(body)
+        name = control.set_pinned(request.path_params["model"], False)
+        return json_response({"name": name, "pinned": False})
 
     return [
-        Route("/v2/stats", _guard(stats), methods=["GET"]),
-        Route("/v2/health/details", _guard(health_details), methods=["GET"]),
-        Route("/v2/repository/models/{model}/pin", _guard(pin), methods=["POST"]),
-        Route("/v2/repository/models/{model}/unpin", _guard(unpin), methods=["POST"]),
-        Route("/v2/repository/models/{model}/aliases", _guard(list_aliases), methods=["GET"]),
+        Route("/v2/stats", guarded(stats), methods=["GET"]),
+        Route("/v2/health/details", guarded(health_details), methods=["GET"]),
+        Route("/v2/repository/models/{model}/pin", guarded(pin), methods=["POST"]),
+        Route("/v2/repository/models/{model}/unpin", guarded(unpin), methods=["POST"]),
+        Route("/v2/repository/models/{model}/aliases", guarded(list_aliases), methods=["GET"]),
         Route(
             "/v2/repository/models/{model}/aliases/{alias}",
-            _guard(set_alias),
+            guarded(set_alias),
             methods=["POST", "PUT"],
         ),
-        Route("/v2/repository/models/{model}/rollback", _guard(rollback), methods=["POST"]),
+        Route("/v2/repository/models/{model}/rollback", guarded(rollback), methods=["POST"]),
     ]

@@ -10,7 +10,13 @@ import orjson
 from modelyard.errors import InvalidInputError
 from modelyard.protocol.limits import count_elements
 from modelyard.protocol.tensors import binary_bytes, check_shape, decode_input, json_data
-from modelyard.protocol.types import InferRequest, InferResponse, RequestedOutput
+from modelyard.protocol.types import (
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    priority_param,
+    timeout_param_s,
+)
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -89,12 +95,6 @@ def decode_request(
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInputError("'id' must be a string")
-    priority = params.get("priority")
-    if priority is not None and (type(priority) is not int or priority < 1):
-        raise InvalidInputError("parameter 'priority' must be a positive integer")
-    timeout_us = params.get("timeout")
-    if timeout_us is not None and (type(timeout_us) not in (int, float) or timeout_us <= 0):
-        raise InvalidInputError("parameter 'timeout' must be a positive number of microseconds")
     return InferRequest(
         model_name=model_name,
         model_version=model_version,
@@ -102,8 +102,8 @@ def decode_request(
         id=request_id,
         outputs=outputs,
         parameters=params,
-        priority=priority,
-        timeout_s=None if timeout_us is None else float(timeout_us) / 1e6,
+        priority=priority_param(params.get("priority")),
+        timeout_s=timeout_param_s(params.get("timeout")),
     )
 
 

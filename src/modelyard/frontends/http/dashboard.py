@@ -16,7 +16,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from modelyard.errors import InvalidInputError
-from modelyard.frontends.http.app import _guard, json_response
+from modelyard.frontends.http.bodies import json_response
+from modelyard.frontends.http.errors import guarded
 from modelyard.observability.metrics import Metrics
 
 _STATIC = {
@@ -72,7 +73,7 @@ def dashboard_routes(app: _HasMetrics) -> list[BaseRoute]:
         return json_response(metrics.recent_traffic(window_s))
 
     return [
-        Route("/dashboard", _guard(dashboard), methods=["GET"]),
-        Route("/dashboard/{name}", _guard(asset), methods=["GET"]),
-        Route("/v2/stats/timeseries", _guard(timeseries), methods=["GET"]),
+        Route("/dashboard", guarded(dashboard), methods=["GET"]),
+        Route("/dashboard/{name}", guarded(asset), methods=["GET"]),
+        Route("/v2/stats/timeseries", guarded(timeseries), methods=["GET"]),
     ]

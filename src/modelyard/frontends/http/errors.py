@@ -1,13 +1,25 @@
-"""ErrorCode → HTTP status, and the protocol's error body."""
+"""ErrorCode → HTTP status, the protocol's error body, and the one error handler.
+
+Every REST answer to a failure comes from :func:`answer_error`: the infer fast path
+calls it directly, every Starlette route through :func:`guarded`.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Awaitable, Callable
 
 import orjson
+from starlette.requests import Request
 from starlette.responses import Response
 
-from modelyard.errors import ErrorCode, ServerError
+from modelyard.errors import ErrorCode, InternalError, ServerError
+
+log = logging.getLogger("modelyard.http")
+
+Handler = Callable[[Request], Awaitable[Response]]
+"""A Starlette request handler."""
 
 HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.MODEL_NOT_FOUND: 404,
@@ -49,3 +61,27 @@ def error_response(exc: ServerError) -> Response:
         status_code=HTTP_STATUS[exc.code],
         headers=headers,
     )
+
+
+def answer_error(exc: Exception, method: str, path: str) -> Response:
+    """The response for ``exc`` raised while answering ``method path``.
+
+    A :class:`ServerError` gets its code's status; anything unforeseen is logged with
+    its traceback and becomes a 500 naming it, so the server keeps serving.
+    """
+    if isinstance(exc, ServerError):
+        return error_response(exc)
+    log.error("unhandled error in %s %s", method, path, exc_info=exc)
+    return error_response(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+
+
+def guarded(handler: Handler) -> Handler:
+    """``handler`` with every exception answered by :func:`answer_error`."""
+
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Exception as exc:  # the server must keep serving whatever happened
+            return answer_error(exc, request.method, request.url.path)
+
+    return wrapped

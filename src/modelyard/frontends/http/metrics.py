@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from modelyard.frontends.http.app import _guard
+from modelyard.frontends.http.errors import guarded
 from modelyard.observability.metrics import Metrics
 
 
@@ -21,4 +21,4 @@ def metrics_routes(metrics: Metrics) -> list[BaseRoute]:
         encode, content_type = choose_encoder(request.headers.get("accept", ""))
         return Response(encode(registry), headers={"content-type": content_type})
 
-    return [Route("/metrics", _guard(scrape), methods=["GET"])]
+    return [Route("/metrics", guarded(scrape), methods=["GET"])]
