@@ -96,10 +96,14 @@ async def assert_nothing_left(
 def _is_worker(process: psutil.Process) -> bool:
     """A live process of this interpreter: the fork server or a model's worker.
 
-    Other children (a browser a test drives) are the test's, not the server's.
+    Other children (a browser a test drives, the resource tracker that a test's own
+    ``multiprocessing`` helpers start and that lives until the test process exits) are
+    the test's, not the server's.
     """
     try:
         if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if any("multiprocessing" in part for part in process.cmdline()):
             return False
         return os.path.realpath(process.exe()) == _INTERPRETER
     except (psutil.NoSuchProcess, psutil.AccessDenied):
