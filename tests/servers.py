@@ -29,6 +29,18 @@ def write_config(root: Path, models: Sequence[Any], **server: Any) -> Path:
 
 
 @contextlib.asynccontextmanager
+async def started_app(config_file: Path, **overrides: Any) -> AsyncIterator[App]:
+    """An App on 127.0.0.1 with ephemeral HTTP and gRPC ports, stopped on exit."""
+    settings = load_settings(config_file, host="127.0.0.1", http_port=0, grpc_port=0, **overrides)
+    app = App(settings)
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop()
+
+
+@contextlib.asynccontextmanager
 async def running_server(
     config_file: Path, *, grpc: bool = False, **overrides: Any
 ) -> AsyncIterator[tuple[App, httpx.AsyncClient]]:

@@ -18,8 +18,10 @@ import contextlib
 import multiprocessing
 import os
 import random
+from collections.abc import Mapping
 from pathlib import Path
 
+import httpx
 import numpy as np
 import onnxruntime as ort
 import psutil
@@ -35,6 +37,38 @@ MIB = 1024 * 1024
 N_MODELS = 20
 DURATION_S = 30.0
 SLACK_BYTES = 64 * MIB
+
+
+class ZipfUsers:
+    """Clients that ask for models by Zipf popularity and check every answer."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        names: list[str],
+        weights: list[float],
+        body: Mapping[str, object],
+        expected: Mapping[str, list[float]],
+    ) -> None:
+        self.client, self.names, self.weights = client, names, weights
+        self.body, self.expected = body, expected
+        self.stop = asyncio.Event()
+        self.failures: list[str] = []
+        self.answered = 0
+
+    async def user(self, seed: int) -> None:
+        """One client: until ``stop``, a request at a time to a model picked by weight."""
+        pick = random.Random(seed)
+        while not self.stop.is_set():
+            name = pick.choices(self.names, self.weights)[0]
+            r = await self.client.post(f"/v2/models/{name}/infer", json=self.body)
+            if r.status_code != 200:
+                self.failures.append(f"{name}: {r.status_code} {r.text}")
+                continue
+            got = r.json()["outputs"][0]["data"]
+            if not np.allclose(got, self.expected[name], rtol=1e-4, atol=1e-5):
+                self.failures.append(f"{name}: wrong answer")
+            self.answered += 1
 
 
 def _tree_pss() -> int:
@@ -78,25 +112,10 @@ async def test_many_models_under_a_third_of_their_footprint(tmp_path: Path) -> N
     async with running_server(cfg) as (app, client):
         idle_pss = _tree_pss()
         budget = app.manager.budget.device("cpu")
-        failures: list[str] = []
-        answered = 0
+        users = ZipfUsers(client, names, weights, body, expected)
+        stop = users.stop
         peak_pss = 0
         violations: list[int] = []
-        stop = asyncio.Event()
-
-        async def user(seed: int) -> None:
-            nonlocal answered
-            pick = random.Random(seed)
-            while not stop.is_set():
-                name = pick.choices(names, weights)[0]
-                r = await client.post(f"/v2/models/{name}/infer", json=body)
-                if r.status_code != 200:
-                    failures.append(f"{name}: {r.status_code} {r.text}")
-                    continue
-                got = r.json()["outputs"][0]["data"]
-                if not np.allclose(got, expected[name], rtol=1e-4, atol=1e-5):
-                    failures.append(f"{name}: wrong answer")
-                answered += 1
 
         async def sampler() -> None:
             nonlocal peak_pss
@@ -106,7 +125,7 @@ async def test_many_models_under_a_third_of_their_footprint(tmp_path: Path) -> N
                 peak_pss = max(peak_pss, await asyncio.to_thread(_tree_pss))
                 await asyncio.sleep(0.2)
 
-        tasks = [asyncio.create_task(user(i)) for i in range(8)]
+        tasks = [asyncio.create_task(users.user(i)) for i in range(8)]
         watcher = asyncio.create_task(sampler())
         await asyncio.sleep(DURATION_S)
         stop.set()
@@ -115,15 +134,16 @@ async def test_many_models_under_a_third_of_their_footprint(tmp_path: Path) -> N
         stats = (await client.get("/v2/stats")).json()
         evictions = sum(m["evictions"] for m in stats["models"])
         loads = sum(m["loads"] for m in stats["models"])
-        assert failures == [], failures[:5]
+        assert users.failures == [], users.failures[:5]
         assert violations == []
-        assert answered > 100
+        assert users.answered > 100
         assert evictions > 0
         assert loads > N_MODELS // 2
         limit = budget.budget_bytes + idle_pss + SLACK_BYTES
         assert peak_pss <= limit, (peak_pss / MIB, limit / MIB, idle_pss / MIB)
         print(
-            f"\n{answered} answers in {DURATION_S:.0f} s, {loads} loads, {evictions} evictions; "
+            f"\n{users.answered} answers in {DURATION_S:.0f} s, {loads} loads, "
+            f"{evictions} evictions; "
             f"budget {budget_mb} MiB, idle tree {idle_pss / MIB:.0f} MiB, "
             f"peak tree PSS {peak_pss / MIB:.0f} MiB (limit {limit / MIB:.0f})"
         )
@@ -232,24 +252,9 @@ async def test_fifty_models_with_shared_weights_stay_within_budget_and_overhead(
         overhead = fork_server.memory_info().rss + SLACK_BYTES
         budget = app.manager.budget.device("cpu")
         limit = budget.budget_bytes + overhead
-        failures: list[str] = []
-        answered = 0
+        users = ZipfUsers(client, order, weights, body, expected)
+        stop = users.stop
         violations: list[int] = []
-        stop = asyncio.Event()
-
-        async def user(seed: int) -> None:
-            nonlocal answered
-            pick = random.Random(seed)
-            while not stop.is_set():
-                name = pick.choices(order, weights)[0]
-                r = await client.post(f"/v2/models/{name}/infer", json=body)
-                if r.status_code != 200:
-                    failures.append(f"{name}: {r.status_code} {r.text}")
-                    continue
-                got = r.json()["outputs"][0]["data"]
-                if not np.allclose(got, expected[name], rtol=1e-4, atol=1e-5):
-                    failures.append(f"{name}: wrong answer")
-                answered += 1
 
         async def budget_check() -> None:
             while not stop.is_set():
@@ -266,7 +271,7 @@ async def test_fifty_models_with_shared_weights_stay_within_budget_and_overhead(
         )
         sampler.start()
         assert await asyncio.to_thread(theirs.recv) == "ready"
-        tasks = [asyncio.create_task(user(i)) for i in range(8)]
+        tasks = [asyncio.create_task(users.user(i)) for i in range(8)]
         tasks.append(asyncio.create_task(budget_check()))
         await asyncio.sleep(DURATION_S)
         stop.set()
@@ -285,7 +290,7 @@ async def test_fifty_models_with_shared_weights_stay_within_budget_and_overhead(
         loads = sum(m["loads"] for m in stats["models"])
         shared_loads = sum(m["loads"] for m in stats["models"] if m["name"].startswith("s"))
         print(
-            f"\n50 models: {answered} answers in {DURATION_S:.0f} s, {loads} loads "
+            f"\n50 models: {users.answered} answers in {DURATION_S:.0f} s, {loads} loads "
             f"({shared_loads} sharing), {evictions} evictions; budget {budget_mb} MiB of "
             f"{footprint_total / MIB:.0f} MiB total; overhead {overhead / MIB:.0f} MiB; "
             f"workers' PSS median {median / MIB:.1f}, peak {peak / MIB:.1f} MiB "
@@ -293,11 +298,11 @@ async def test_fifty_models_with_shared_weights_stay_within_budget_and_overhead(
             f"{samples} samples, "
             f"one per {interval_ms:.0f} ms"
         )
-        assert failures == [], failures[:5]
+        assert users.failures == [], users.failures[:5]
         assert violations == []
         assert over == [], over[:5]
         # Due every 100 ms; on a loaded machine they run late, so ask for one a second.
         assert samples > DURATION_S
-        assert answered > 100
+        assert users.answered > 100
         assert evictions > 0
         assert shared_loads > 4

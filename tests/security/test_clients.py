@@ -15,9 +15,8 @@ from modelyard.app import App
 from modelyard.bench import BenchConfig, run_bench
 from modelyard.bench.errors import TargetError
 from modelyard.cli import main
-from modelyard.config.settings import load_settings
 from tests.security._pki import make_pki
-from tests.servers import write_config
+from tests.servers import started_app, write_config
 
 # Each test starts a server and runs the client verbs several times: over ~2 s.
 pytestmark = pytest.mark.slow
@@ -36,12 +35,8 @@ async def guarded_server(model_root: Path, tmp_path: Path, *, tls: bool) -> Asyn
         make_pki(tmp_path)
         security |= {"tls_certfile": "cert.pem", "tls_keyfile": "key.pem"}
     cfg = write_config(tmp_path, MODELS, model_repository=str(model_root), security=security)
-    app = App(load_settings(cfg, host="127.0.0.1", http_port=0, grpc_port=0))
-    await app.start()
-    try:
+    async with started_app(cfg) as app:
         yield app
-    finally:
-        await app.stop()
 
 
 async def _cli(*argv: str) -> int:

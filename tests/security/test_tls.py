@@ -17,7 +17,7 @@ from modelyard.config.settings import load_settings
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from tests.security._pki import Pki, channel_credentials, client_context, make_pki
-from tests.servers import write_config
+from tests.servers import started_app, write_config
 
 MODELS = [{"name": "add", "path": "add", "preload": True, "isolation": "inline"}]
 INFER_BODY = {
@@ -34,12 +34,8 @@ async def tls_server(
     if mutual:
         security["tls_client_ca_file"] = str(pki.ca_file)
     cfg = write_config(tmp_path, MODELS, model_repository=str(model_root), security=security)
-    app = App(load_settings(cfg, host="127.0.0.1", http_port=0, grpc_port=0))
-    await app.start()
-    try:
+    async with started_app(cfg) as app:
         yield app
-    finally:
-        await app.stop()
 
 
 def _stub(channel: grpc.aio.Channel) -> pb_grpc.GRPCInferenceServiceStub:
