@@ -10,7 +10,6 @@ import contextlib
 import gc
 import logging
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import numpy as np
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from modelyard.clock import Clock, MonotonicClock
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.security import SecurityError, check_exposure
 from modelyard.config.settings import ServerSettings
@@ -110,8 +110,10 @@ async def _serve_http(server: uvicorn.Server) -> None:
 class App:
     """One modelyard server: manager, schedulers, REST (and gRPC) front ends."""
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, *, clock: Clock | None = None) -> None:
         self.settings = settings
+        self.clock: Clock = clock or MonotonicClock()
+        """The one clock of deadlines, load timings, breakers and traffic windows."""
         # Error messages show model files relative to these folders, never absolutely.
         root = settings.repository_root
         hide_path_prefix(str(root))
@@ -119,13 +121,14 @@ class App:
             folder = settings.model_path(model)
             if not folder.is_relative_to(root):
                 hide_path_prefix(str(folder.parent))
-        self.metrics = Metrics(CollectorRegistry())
+        self.metrics = Metrics(CollectorRegistry(), clock=self.clock)
         """Every Prometheus metric of this server; served at ``/metrics``."""
         self.manager = ModelManager(
             settings,
             self._make_instance,
             on_ready=self._on_ready,
             on_unloaded=self._on_unloaded,
+            clock=self.clock,
         )
         self.versions = VersionController(self.manager, settings.rollback_grace_s)
         self.poller: RepositoryPoller | None = None
@@ -135,7 +138,7 @@ class App:
             )
         self.manager.events.listeners.append(self.metrics.on_event)
         self.metrics.bind(self.manager)
-        self.dataplane = DataPlane(self.manager, self.metrics, settings.limits)
+        self.dataplane = DataPlane(self.manager, self.metrics, settings.limits, self.clock)
         self._http: uvicorn.Server | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._grpc: Any = None
@@ -177,7 +180,7 @@ class App:
             instance = record.instance
             if instance is None or not instance.is_alive:
                 raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
                 # Dispatching now would only get a healthy worker killed for overrunning.
                 raise DeadlineExceededError(f"model {record.key}: deadline passed before it ran")
@@ -192,6 +195,7 @@ class App:
             config,
             execute,
             on_batch=self.metrics.batch_hook(record.key.name, record.key.version),
+            clock=self.clock,
         )
         key = record.key
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from modelyard.manager.manager import ModelManager
@@ -11,9 +10,11 @@ from modelyard.manager.records import ModelRecord
 _MIB = 1024 * 1024
 
 
-def record_stats(record: ModelRecord) -> dict[str, Any]:
-    """State, bytes, counters and last load timings of one model version."""
-    now = time.monotonic()
+def record_stats(record: ModelRecord, now: float) -> dict[str, Any]:
+    """State, bytes, counters and last load timings of one model version.
+
+    ``now`` is on the manager's clock (``last_used`` is read on it).
+    """
     s = record.stats
     t = record.timings
     out: dict[str, Any] = {
@@ -56,8 +57,9 @@ def record_stats(record: ModelRecord) -> dict[str, Any]:
 
 def manager_stats(manager: ModelManager) -> dict[str, Any]:
     """Every model version and every device budget."""
+    now = manager.clock.monotonic()
     return {
-        "models": [record_stats(r) for r in manager.records()],
+        "models": [record_stats(r, now) for r in manager.records()],
         "devices": [
             {
                 "name": d.name,

@@ -80,9 +80,7 @@ def admin_routes(app: _HasManager) -> list[BaseRoute]:
         return _set_pinned(request, False)
 
     def _set_pinned(request: Request, pinned: bool) -> Response:
-        entry = manager.entry(check_model_name(request.path_params["model"]))
-        for record in entry.versions.values():
-            record.pinned = pinned
+        entry = manager.pin(check_model_name(request.path_params["model"]), pinned)
         body: dict[str, Any] = {"name": entry.config.name, "pinned": pinned}
         return json_response(body)
 
