@@ -35,7 +35,9 @@ from modelyard.frontends.http.tls import uvicorn_tls_options
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.poller import RepositoryPoller
 from modelyard.manager.records import ModelRecord
+from modelyard.manager.stats import VersionView
 from modelyard.manager.versions import VersionController
+from modelyard.observability.health import HealthView
 from modelyard.observability.metrics import Metrics
 from modelyard.scheduling.config import BreakerConfig, SchedulerConfig
 from modelyard.scheduling.scheduler import ModelScheduler
@@ -369,8 +371,8 @@ class App:
                     continue  # the worker is going; its exit is handled elsewhere
                 info.details.update(reading.as_details())
 
-    def health_details(self) -> dict[str, Any]:
-        """Why the server and each model are (not) ready: ``GET /v2/health/details``."""
+    def health_view(self) -> HealthView:
+        """Why the server and each model are (not) ready (typed; see :meth:`health_details`)."""
         factory = self._worker_factory
         if self.dataplane.is_serving:
             server_reason = ""
@@ -378,29 +380,19 @@ class App:
             server_reason = "stopped"
         else:
             server_reason = "starting" if not self._started else "shutting down"
-        models = []
-        for record in self.manager.records():
-            scheduler = record.scheduler
-            models.append(
-                {
-                    "name": record.key.name,
-                    "version": record.key.version,
-                    "state": record.state.value,
-                    "ready": record.is_ready,
-                    "reason": record.reason,
-                    "pid": record.info.pid if record.info and record.is_ready else None,
-                    "restarts": record.stats.restarts,
-                    "breaker": scheduler.breaker.state.value if scheduler is not None else None,
-                }
-            )
-        return {
-            "live": True,
-            "ready": self.dataplane.is_serving,
-            "reason": server_reason,
-            "worker_memory_limits": factory.memory_limit_backend if factory else None,
-            "fork_server_alive": factory.fork_server_alive if factory else False,
-            "models": models,
-        }
+        now = self.clock.monotonic()
+        return HealthView(
+            live=True,
+            ready=self.dataplane.is_serving,
+            reason=server_reason,
+            worker_memory_limits=factory.memory_limit_backend if factory else None,
+            fork_server_alive=factory.fork_server_alive if factory else False,
+            models=[VersionView.of(r, now) for r in self.manager.records()],
+        )
+
+    def health_details(self) -> dict[str, Any]:
+        """``GET /v2/health/details``: :meth:`health_view` as JSON."""
+        return self.health_view().to_json()
 
     def extra_routes(self) -> list[Any]:
         """Routes beside the protocol's (metrics, dashboard, admin)."""
