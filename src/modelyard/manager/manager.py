@@ -64,7 +64,7 @@ class ModelManager:
         self.clock: Clock = clock or MonotonicClock()
         """Where every lifecycle time (state changes, backoffs, load timings) is read."""
         self.events = events or EventLog()
-        self.registry = ModelRegistry(settings, self.events)
+        self.registry = ModelRegistry(settings, self.events, self.clock)
         self.tasks = TaskOwner()
         budget = MemoryBudget(
             {

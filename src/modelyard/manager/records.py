@@ -55,7 +55,7 @@ class ModelStats:
     cold_starts: int = 0
     cold_start_s_total: float = 0.0
     last_used: float = 0.0
-    """``time.monotonic()`` of the last request (0: never)."""
+    """When the last request came, on the manager's clock (0: never)."""
 
 
 @dataclass(eq=False)

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from modelyard.clock import Clock
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import ServerSettings
 from modelyard.errors import InvalidInputError, ModelNotFoundError, ModelStateConflictError
@@ -42,8 +43,9 @@ log = logging.getLogger("modelyard.manager")
 class ModelRegistry:
     """Every known model (``entries``), its versions, aliases and pins."""
 
-    def __init__(self, settings: ServerSettings, events: EventLog) -> None:
+    def __init__(self, settings: ServerSettings, events: EventLog, clock: Clock) -> None:
         self._settings = settings
+        self._clock = clock
         self.events = events
         self.entries: dict[str, ModelEntry] = {}
         self._rng = random.Random()
@@ -174,6 +176,7 @@ class ModelRegistry:
                     config=entry.config,
                     path=entry.path.parent,
                     pinned=entry.pinned,
+                    state_since=self._clock.monotonic(),
                     model_file=entry.path.name,
                 )
             return
@@ -185,6 +188,7 @@ class ModelRegistry:
                     config=entry.config,
                     path=entry.path / key.version,
                     pinned=entry.pinned,
+                    state_since=self._clock.monotonic(),
                 )
 
     def missing_reason(self, entry: ModelEntry) -> str:
@@ -250,6 +254,7 @@ class ModelRegistry:
                 config=entry.config,
                 path=path,
                 pinned=entry.pinned,
+                state_since=self._clock.monotonic(),
             )
             entry.versions[version] = record
         return record
