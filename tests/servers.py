@@ -88,6 +88,7 @@ async def assert_nothing_left(
         if dev.reserved_bytes
     }
     assert not reserved, f"reservations left after stop: {reserved}"
+    assert len(app.manager.tasks) == 0, "the manager's background tasks outlived stop()"
     await asyncio.sleep(0)  # a task cancelled by stop() takes its last step
     me = asyncio.current_task()
     tasks = [t for t in asyncio.all_tasks() - tasks_before if t is not me and not t.done()]

@@ -10,7 +10,6 @@ import contextlib
 import gc
 import logging
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import numpy as np
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from modelyard.clock import Clock, MonotonicClock
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.security import SecurityError, check_exposure
 from modelyard.config.settings import ServerSettings
@@ -35,7 +35,9 @@ from modelyard.frontends.http.tls import uvicorn_tls_options
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.poller import RepositoryPoller
 from modelyard.manager.records import ModelRecord
+from modelyard.manager.stats import VersionView
 from modelyard.manager.versions import VersionController
+from modelyard.observability.health import HealthView
 from modelyard.observability.metrics import Metrics
 from modelyard.scheduling.config import BreakerConfig, SchedulerConfig
 from modelyard.scheduling.scheduler import ModelScheduler
@@ -110,8 +112,10 @@ async def _serve_http(server: uvicorn.Server) -> None:
 class App:
     """One modelyard server: manager, schedulers, REST (and gRPC) front ends."""
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, *, clock: Clock | None = None) -> None:
         self.settings = settings
+        self.clock: Clock = clock or MonotonicClock()
+        """The one clock of deadlines, load timings, breakers and traffic windows."""
         # Error messages show model files relative to these folders, never absolutely.
         root = settings.repository_root
         hide_path_prefix(str(root))
@@ -119,13 +123,14 @@ class App:
             folder = settings.model_path(model)
             if not folder.is_relative_to(root):
                 hide_path_prefix(str(folder.parent))
-        self.metrics = Metrics(CollectorRegistry())
+        self.metrics = Metrics(CollectorRegistry(), clock=self.clock)
         """Every Prometheus metric of this server; served at ``/metrics``."""
         self.manager = ModelManager(
             settings,
             self._make_instance,
             on_ready=self._on_ready,
             on_unloaded=self._on_unloaded,
+            clock=self.clock,
         )
         self.versions = VersionController(self.manager, settings.rollback_grace_s)
         self.poller: RepositoryPoller | None = None
@@ -135,7 +140,7 @@ class App:
             )
         self.manager.events.listeners.append(self.metrics.on_event)
         self.metrics.bind(self.manager)
-        self.dataplane = DataPlane(self.manager, self.metrics, settings.limits)
+        self.dataplane = DataPlane(self.manager, self.metrics, settings.limits, self.clock)
         self._http: uvicorn.Server | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._grpc: Any = None
@@ -177,7 +182,7 @@ class App:
             instance = record.instance
             if instance is None or not instance.is_alive:
                 raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
                 # Dispatching now would only get a healthy worker killed for overrunning.
                 raise DeadlineExceededError(f"model {record.key}: deadline passed before it ran")
@@ -192,6 +197,7 @@ class App:
             config,
             execute,
             on_batch=self.metrics.batch_hook(record.key.name, record.key.version),
+            clock=self.clock,
         )
         key = record.key
 
@@ -365,8 +371,8 @@ class App:
                     continue  # the worker is going; its exit is handled elsewhere
                 info.details.update(reading.as_details())
 
-    def health_details(self) -> dict[str, Any]:
-        """Why the server and each model are (not) ready: ``GET /v2/health/details``."""
+    def health_view(self) -> HealthView:
+        """Why the server and each model are (not) ready (typed; see :meth:`health_details`)."""
         factory = self._worker_factory
         if self.dataplane.is_serving:
             server_reason = ""
@@ -374,29 +380,19 @@ class App:
             server_reason = "stopped"
         else:
             server_reason = "starting" if not self._started else "shutting down"
-        models = []
-        for record in self.manager.records():
-            scheduler = record.scheduler
-            models.append(
-                {
-                    "name": record.key.name,
-                    "version": record.key.version,
-                    "state": record.state.value,
-                    "ready": record.is_ready,
-                    "reason": record.reason,
-                    "pid": record.info.pid if record.info and record.is_ready else None,
-                    "restarts": record.stats.restarts,
-                    "breaker": scheduler.breaker.state.value if scheduler is not None else None,
-                }
-            )
-        return {
-            "live": True,
-            "ready": self.dataplane.is_serving,
-            "reason": server_reason,
-            "worker_memory_limits": factory.memory_limit_backend if factory else None,
-            "fork_server_alive": factory.fork_server_alive if factory else False,
-            "models": models,
-        }
+        now = self.clock.monotonic()
+        return HealthView(
+            live=True,
+            ready=self.dataplane.is_serving,
+            reason=server_reason,
+            worker_memory_limits=factory.memory_limit_backend if factory else None,
+            fork_server_alive=factory.fork_server_alive if factory else False,
+            models=[VersionView.of(r, now) for r in self.manager.records()],
+        )
+
+    def health_details(self) -> dict[str, Any]:
+        """``GET /v2/health/details``: :meth:`health_view` as JSON."""
+        return self.health_view().to_json()
 
     def extra_routes(self) -> list[Any]:
         """Routes beside the protocol's (metrics, dashboard, admin)."""

@@ -20,18 +20,9 @@ from modelyard.scheduling.config import SchedulerConfig
 from modelyard.scheduling.scheduler import ModelScheduler
 from modelyard.workers.inline import InlineInstance
 from modelyard.workers.instance import InstanceInfo
+from tests.fakes.clock import FakeClock
 
 MIB = 1024 * 1024
-
-
-class FakeClock:
-    """A clock that moves only when told to."""
-
-    def __init__(self, start_s: float = 1000.0) -> None:
-        self.now_s = start_s
-
-    def monotonic(self) -> float:
-        return self.now_s
 
 
 @pytest.fixture

@@ -42,11 +42,9 @@ class ControlPlane:
         return self._health_details()
 
     def set_pinned(self, name: str, pinned: bool) -> str:
-        """Pin (never evicted) or unpin every version of a model; its configured name."""
-        entry = self._manager.entry(check_model_name(name))
-        for record in entry.versions.values():
-            record.pinned = pinned
-        return entry.config.name
+        """Pin (never evicted) or unpin every version of a model, later ones included; its
+        configured name."""
+        return self._manager.pin(check_model_name(name), pinned).config.name
 
     def aliases(self, name: str) -> dict[str, dict[str, float]]:
         """Every alias of the model with its ``{version: weight}``."""

@@ -8,13 +8,13 @@ model's scheduler, and wraps the outputs. It never touches a worker directly.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from modelyard import __version__
+from modelyard.clock import Clock
 from modelyard.config.limits import LimitsConfig
 from modelyard.errors import (
     DeadlineExceededError,
@@ -27,6 +27,7 @@ from modelyard.errors import (
 )
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord
+from modelyard.manager.router import Router
 from modelyard.manager.states import ModelState
 from modelyard.observability.metrics import OK, Metrics
 from modelyard.protocol.documents import json_object
@@ -47,7 +48,6 @@ from modelyard.protocol.types import (
 from modelyard.runtimes.base import TensorSpec
 
 SERVER_NAME = "modelyard"
-_ROUTE_ATTEMPTS = 3
 EXTENSIONS = ("model_repository", "binary_tensor_data", "schedule_policy", "statistics")
 
 _PLATFORMS = {
@@ -96,10 +96,15 @@ class DataPlane:
         manager: ModelManager,
         metrics: Metrics | None = None,
         limits: LimitsConfig | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.manager = manager
         self.metrics = metrics
         """Counts request outcomes, latencies and cold-start waits (None: not counted)."""
+        self.clock: Clock = clock or manager.clock
+        """Where request start times and deadlines are read (the manager's clock)."""
+        self.router = Router(manager, self.clock, self._load_waited)
+        """Where requests go: resolve, lease, ensure ready, retry on eviction."""
         limits = limits or LimitsConfig()
         self.max_request_elements = limits.max_request_elements
         """Tensor elements one request may carry; the decoders check it before allocating."""
@@ -107,6 +112,10 @@ class DataPlane:
         """Largest encoded response; the front ends check it after encoding."""
         self.is_serving = False
         """Set by the app once start-up finished; cleared when shutdown starts."""
+
+    def _load_waited(self, record: ModelRecord, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.cold_start_wait(record.key.name, record.key.version, seconds)
 
     # ------------------------------------------------------------------ health
 
@@ -151,7 +160,7 @@ class DataPlane:
         """
         record = self.manager.resolve(check_model_name(name), check_version_name(version))
         if record.info is None:
-            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            deadline = None if timeout_s is None else self.clock.monotonic() + timeout_s
             await self.manager.ensure_ready(record, deadline=deadline)
         return self.model_metadata(name, version)
 
@@ -161,7 +170,7 @@ class DataPlane:
         """Validate, route (hot-loading if needed), schedule, run, and wrap one request."""
         if not self.is_serving:
             raise ModelNotReadyError("server is not ready (starting or shutting down)")
-        started = time.monotonic()
+        started = self.clock.monotonic()
         metrics = self.metrics
         try:
             if request.model_name not in self.manager.entries:  # known names were checked
@@ -178,7 +187,7 @@ class DataPlane:
             record = self.manager.resolve(request.model_name, request.model_version)
         except ServerError as exc:
             if metrics is not None:  # no model label: the name is the client's, unbounded
-                metrics.request_done("", "", exc.code, time.monotonic() - started)
+                metrics.request_done("", "", exc.code, self.clock.monotonic() - started)
             raise
         if metrics is None:
             return await self._infer(record, request, started)
@@ -196,7 +205,7 @@ class DataPlane:
             raise
         finally:
             metrics.request_done(
-                record.key.name, record.key.version, code, time.monotonic() - started
+                record.key.name, record.key.version, code, self.clock.monotonic() - started
             )
 
     async def predict(
@@ -207,7 +216,7 @@ class DataPlane:
         ``timeout_ms`` is the client's ``X-Modelyard-Timeout-Ms`` value, if any; with the
         document's ``timeout`` it bounds the whole call, the load and decoding included.
         """
-        started = time.monotonic()
+        started = self.clock.monotonic()
         call = predict_call(doc)
         timeout_s = call.timeout_s
         if timeout_ms is not None:
@@ -215,7 +224,7 @@ class DataPlane:
         meta = await self.model_metadata_loaded(call.model, call.version, timeout_s)
         inputs = predict_inputs(doc, call.model, meta.inputs)
         if timeout_s is not None:
-            timeout_s -= time.monotonic() - started
+            timeout_s -= self.clock.monotonic() - started
             if timeout_s <= 0:
                 raise DeadlineExceededError(
                     f"the request's deadline passed before {call.model!r} ran"
@@ -232,55 +241,23 @@ class DataPlane:
     async def _infer(
         self, record: ModelRecord, request: InferRequest, started: float
     ) -> InferResponse:
-        manager = self.manager
-        timeout_s = record.config.timeout_s
-        # The client's own deadline (timeout parameter, header, gRPC deadline) caps the
-        # request's total time; the model's timeout_ms covers queue and execution only,
-        # so a request that waits for a load gets its deadline extended by the wait.
-        client_deadline: float | None = None
-        if request.timeout_s is not None:
-            if request.timeout_s <= 0:
-                raise InvalidInputError("'timeout' must be positive")
-            timeout_s = min(timeout_s, request.timeout_s)
-            client_deadline = started + request.timeout_s
-        deadline = started + timeout_s
-        manager.touch(record)
-        # A lease marks the request as wanting this version, so eviction prefers others
-        # and waits for it; the loop re-routes a request whose model was evicted (or
-        # restarted) between routing and queueing: it never ran, so it is safe to retry.
-        record.leases += 1
-        try:
-            for attempt in range(_ROUTE_ATTEMPTS):
-                if not record.is_ready:
-                    waited = time.monotonic()
-                    try:
-                        await manager.ensure_ready(record, deadline=client_deadline)
-                    finally:
-                        if self.metrics is not None:
-                            self.metrics.cold_start_wait(
-                                record.key.name, record.key.version, time.monotonic() - waited
-                            )
-                    deadline += time.monotonic() - waited
-                    if client_deadline is not None:
-                        deadline = min(deadline, client_deadline)
-                info = record.info
-                scheduler = record.scheduler
-                if info is None or scheduler is None or not scheduler.is_accepting:
-                    if attempt + 1 < _ROUTE_ATTEMPTS:
-                        continue
-                    raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
-                inputs = self._validate(record, request, info.inputs)
-                outputs = await scheduler.submit(
-                    inputs, priority=request.priority, deadline=deadline
-                )
-                break
-        finally:
-            record.leases -= 1
-        assert info is not None
+        client_timeout_s = request.timeout_s
+        if client_timeout_s is not None and client_timeout_s <= 0:
+            raise InvalidInputError("'timeout' must be positive")
+        async with self.router.route(
+            record,
+            started=started,
+            timeout_s=record.config.timeout_s,
+            client_timeout_s=client_timeout_s,
+        ) as route:
+            inputs = self._validate(record, request, route.info.inputs)
+            outputs = await route.scheduler.submit(
+                inputs, priority=request.priority, deadline=route.deadline
+            )
         response = InferResponse(
             model_name=record.key.name,
             model_version=record.key.version,
-            outputs=self._outputs(request, outputs, info.outputs),
+            outputs=self._outputs(request, outputs, route.info.outputs),
             id=request.id,
         )
         # The raw bytes are a lower bound of any encoding: refuse before encoding them.

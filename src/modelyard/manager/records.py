@@ -55,7 +55,7 @@ class ModelStats:
     cold_starts: int = 0
     cold_start_s_total: float = 0.0
     last_used: float = 0.0
-    """``time.monotonic()`` of the last request (0: never)."""
+    """When the last request came, on the manager's clock (0: never)."""
 
 
 @dataclass(eq=False)
@@ -150,3 +150,10 @@ class ModelEntry:
     """Alias name → route (``default``, ``stable``, ``canary``, …)."""
     alias_history: dict[str, list[AliasRoute]] = field(default_factory=dict)
     """Previous routes of each alias, newest last (for rollback)."""
+    runtime_pin: bool | None = None
+    """Pinned or unpinned over the API (None: as the config says); wins over the config."""
+
+    @property
+    def pinned(self) -> bool:
+        """Whether this model's versions are kept loaded: the runtime pin, else the config's."""
+        return self.config.pinned if self.runtime_pin is None else self.runtime_pin

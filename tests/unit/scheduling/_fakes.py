@@ -12,19 +12,9 @@ import numpy as np
 from modelyard.clock import Clock
 from modelyard.errors import ServerError
 from modelyard.scheduling import ModelScheduler, SchedulerConfig
+from tests.fakes.clock import FakeClock
 
-
-class FakeClock:
-    """A clock that moves only when told to."""
-
-    def __init__(self, start_s: float = 1000.0) -> None:
-        self.now_s = start_s
-
-    def monotonic(self) -> float:
-        return self.now_s
-
-    def advance(self, seconds: float) -> None:
-        self.now_s += seconds
+__all__ = ["FakeClock"]
 
 
 def reference_model(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

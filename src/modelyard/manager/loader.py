@@ -1,0 +1,365 @@
+"""Loading: one load per model version at a time, bounded by its ``load_timeout_ms``.
+
+:meth:`Loader.ensure_ready` is how anything gets a model READY: concurrent callers
+share one load task (single flight through ``record.load_task``), each waiting within
+its own deadline. A load verifies the manifest, is admitted by the budget, starts
+the instance and measures it; a failed load is retried only after its backoff, and a
+worker that dies is restarted with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+
+from modelyard.clock import Clock
+from modelyard.config.model_config import ModelConfig
+from modelyard.config.settings import ServerSettings
+from modelyard.errors import (
+    DeadlineExceededError,
+    ModelLoadError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    ServerError,
+)
+from modelyard.manager.admission import Admission
+from modelyard.manager.events import EventLog
+from modelyard.manager.records import ModelRecord
+from modelyard.manager.registry import ModelRegistry
+from modelyard.manager.states import ModelState, can_transition
+from modelyard.manager.tasks import TaskOwner
+from modelyard.repository.manifest import load_public_key, verify_manifest
+from modelyard.runtimes.base import RuntimeSpec
+from modelyard.workers.instance import ModelInstance, StartRequest
+
+log = logging.getLogger("modelyard.manager")
+
+InstanceFactory = Callable[[ModelConfig], ModelInstance]
+"""Makes an unstarted instance for a model (inline or process, by its config)."""
+
+_MIB = 1024 * 1024
+_RESTART_BACKOFF_S = (0.05, 0.25, 1.0, 2.0, 5.0)
+# How often one caller may see its model loaded and evicted again before giving up.
+_ENSURE_ATTEMPTS = 4
+
+
+def _load_failure(record: ModelRecord) -> str:
+    # Reasons from the worker already say "failed to load"; don't say it twice.
+    if "failed to load" in record.reason:
+        return record.reason
+    return f"model {record.key} failed to load: {record.reason}"
+
+
+class Loader:
+    """Loads, warms and restarts model instances; the state machine's one writer."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        factory: InstanceFactory,
+        *,
+        registry: ModelRegistry,
+        admission: Admission,
+        tasks: TaskOwner,
+        events: EventLog,
+        clock: Clock,
+        on_ready: Callable[[ModelRecord], Awaitable[None]] | None = None,
+        on_unloaded: Callable[[ModelRecord], None] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._factory = factory
+        self._registry = registry
+        self._admission = admission
+        self._tasks = tasks
+        self.events = events
+        self._clock = clock
+        self.on_ready = on_ready
+        self.on_unloaded = on_unloaded
+        self._public_keys = [load_public_key(k) for k in settings.manifest_public_keys]
+
+    def set_state(self, record: ModelRecord, state: ModelState, reason: str = "") -> None:
+        if record.state is not state and not can_transition(record.state, state):
+            log.warning("unexpected transition %s: %s → %s", record.key, record.state, state)
+        record.state = state
+        record.reason = reason
+        record.state_since = self._clock.monotonic()
+
+    async def ensure_ready(
+        self, record: ModelRecord, *, deadline: float | None, cold_start: bool = True
+    ) -> ModelRecord:
+        """Return ``record`` once READY, starting one load if none is running.
+
+        Concurrent callers share the one load task; each waits only until its own
+        ``deadline`` (monotonic seconds, None: until the load ends), and a caller giving
+        up neither cancels nor fails the load, which only the model's own
+        ``load_timeout_ms`` bounds. A failed model is retried by requests only once its
+        backoff has passed (or its files changed); ``cold_start=False`` (an explicit load)
+        retries at once.
+        """
+        if record.is_ready:
+            return record
+        if self._tasks.closing:
+            raise ModelNotReadyError("server is shutting down")
+        entry = self._registry.entries.get(record.key.name)
+        if entry is None or entry.versions.get(record.key.version) is not record:
+            raise ModelNotFoundError(f"model {record.key} was removed from the repository")
+        if record.state is ModelState.FAILED:
+            if not cold_start:
+                record.backoff.reset()
+            wait_s = record.backoff.wait_s(self._clock.monotonic(), record.path)
+            if wait_s > 0:
+                # Don't retry a broken model on every request: say why, and when to retry.
+                raise ModelLoadError(_load_failure(record), retry_after_s=wait_s)
+        started = self._clock.monotonic()
+        counted = False
+        try:
+            # A model evicted again between its load finishing and this caller waking
+            # up (memory pressure) is simply loaded again, within the deadline.
+            for _ in range(_ENSURE_ATTEMPTS):
+                task = record.load_task
+                if task is None or task.done():
+                    task = self._tasks.spawn(self.load(record))
+                    record.load_task = task
+                    if cold_start and not counted:
+                        record.stats.cold_starts += 1
+                        counted = True
+                timeout = None if deadline is None else max(0.0, deadline - self._clock.monotonic())
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), timeout)
+                except TimeoutError:
+                    raise DeadlineExceededError(
+                        f"model {record.key} is still loading; the request's deadline passed"
+                    ) from None
+                except asyncio.CancelledError:
+                    me = asyncio.current_task()
+                    if me is not None and me.cancelling():
+                        raise  # this caller was cancelled, not the load
+                    raise ModelNotReadyError(
+                        f"the load of {record.key} was stopped: {record.reason or 'cancelled'}"
+                    ) from None
+                if record.state is ModelState.FAILED:
+                    wait_s = record.backoff.wait_s(self._clock.monotonic(), record.path)
+                    raise ModelLoadError(_load_failure(record), retry_after_s=wait_s or None)
+                if record.is_ready:
+                    return record
+                if self._tasks.closing:
+                    break
+        finally:
+            if cold_start:
+                record.stats.cold_start_s_total += self._clock.monotonic() - started
+        raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
+
+    def fail(self, record: ModelRecord, reason: str, event: str) -> None:
+        """Mark a genuine load failure: FAILED with its reason, retried after a backoff."""
+        self.set_state(record, ModelState.FAILED, reason)
+        delay = record.backoff.failed(self._clock.monotonic(), record.path)
+        self.events.add(event, record.key, reason)
+        log.error("%s of %s: %s; requests may retry it in %.0f s", event, record.key, reason, delay)
+
+    async def load(self, record: ModelRecord, *, prefetch: bool = False) -> None:
+        """Load ``record`` (the one shared load task), bounded by its ``load_timeout_ms``.
+
+        No request's deadline reaches in here: callers wait on this task each within
+        their own deadline, so an impatient caller cannot fail the load for the others.
+        """
+        async with record.lock:
+            if record.is_ready:
+                return
+            # Wait out an eviction in progress before loading again.
+            while record.state in (ModelState.DRAINING, ModelState.UNLOADING):
+                async with self._admission.changed:
+                    await self._admission.changed.wait()
+            t0 = self._clock.monotonic()
+            load_timeout_s = record.config.load_timeout_s
+            deadline = t0 + load_timeout_s
+            try:
+                verified = await asyncio.to_thread(
+                    verify_manifest,
+                    record.path,
+                    public_keys=self._public_keys,
+                    require=self._settings.require_manifest,
+                )
+            except ServerError as exc:
+                self.fail(record, str(exc), "verify_failed")
+                return
+            if not verified and record.stats.loads == 0:
+                log.warning("%s has no manifest; loading it unverified", record.key)
+            need = self._admission.estimate_bytes(record)
+            try:
+                await self._admission.admit(record, need, deadline, may_evict=not prefetch)
+            except DeadlineExceededError:
+                if prefetch:
+                    return
+                self.fail(
+                    record,
+                    f"model {record.key} waited for memory longer than its load timeout "
+                    f"({record.config.load_timeout_ms} ms)",
+                    "load_failed",
+                )
+                return
+            except ServerError as exc:
+                if prefetch:
+                    return  # a guess that no longer fits is simply dropped
+                # A refusal is not the model's fault: the next request asks the budget
+                # again (that costs no load), so no backoff.
+                self.set_state(record, ModelState.FAILED, str(exc))
+                self.events.add("load_refused", record.key, str(exc))
+                raise
+            # Keep a restart's reason ("worker died …") visible while this load runs, and
+            # a retried failure's, so the index never hides why the model is not ready.
+            if record.state is ModelState.LOADING:
+                reason = record.reason
+            elif record.state is ModelState.FAILED:
+                reason = f"retrying after: {record.reason}"
+            else:
+                reason = ""
+            self.set_state(record, ModelState.LOADING, reason)
+            record.timings.queue_wait_s = self._clock.monotonic() - t0
+            try:
+                async with asyncio.timeout(max(0.0, deadline - self._clock.monotonic())):
+                    await self._start_instance(record)
+            except BaseException as exc:
+                # Stop what was started before giving the memory back (invariant 1).
+                await self.drop_instance(record)
+                self._admission.release(record)
+                if isinstance(exc, asyncio.CancelledError):
+                    # Removed, or the server is closing: not the model's fault.
+                    self.set_state(record, ModelState.FAILED, "load cancelled")
+                    raise
+                if isinstance(exc, TimeoutError):
+                    reason = (
+                        f"model {record.key} did not load within its load timeout "
+                        f"({record.config.load_timeout_ms} ms)"
+                    )
+                elif isinstance(exc, ServerError):
+                    reason = str(exc)
+                else:
+                    reason = f"{type(exc).__name__}: {exc}"
+                self.fail(record, reason, "load_failed")
+                if not isinstance(exc, Exception):
+                    raise
+                return
+            record.backoff.reset()
+            record.timings.total_s = self._clock.monotonic() - t0
+            record.stats.loads += 1
+            self.events.add(
+                "loaded",
+                record.key,
+                f"in {record.timings.total_s * 1000:.1f} ms, "
+                f"{(record.measured_bytes or 0) / _MIB:.1f} MiB measured",
+                duration_s=record.timings.total_s,
+            )
+            log.info(
+                "loaded %s in %.1f ms (queue %.1f, start %.1f, load %.1f, warm-up %.1f ms); "
+                "footprint %.1f MiB",
+                record.key,
+                record.timings.total_s * 1000,
+                record.timings.queue_wait_s * 1000,
+                record.timings.process_start_s * 1000,
+                record.timings.runtime_load_s * 1000,
+                record.timings.warmup_s * 1000,
+                (record.measured_bytes or 0) / _MIB,
+            )
+
+    async def _start_instance(self, record: ModelRecord) -> None:
+        cfg = record.config
+        instance = self._factory(cfg)
+        spec = RuntimeSpec(
+            kind=cfg.runtime,
+            version_dir=str(record.path),
+            model_name=cfg.name,
+            trusted=cfg.trusted,
+            python_class=cfg.python_class,
+            intra_op_threads=cfg.intra_op_threads,
+            share_weights=cfg.share_weights,
+            device=cfg.device,
+            options=dict(cfg.options),
+            model_file=record.model_file,
+        )
+        warmup = (
+            {k: np.asarray(v) for k, v in cfg.warmup_inputs.items()} if cfg.warmup_inputs else None
+        )
+        limit = None
+        if cfg.memory_limit_mb:
+            limit = int(cfg.memory_limit_mb * _MIB)
+        elif record.measured_bytes:
+            # A margin over what the model was measured to need last time.
+            limit = int(record.measured_bytes * 2 + 256 * _MIB)
+        try:
+            info = await instance.start(StartRequest(spec, warmup, limit))
+        except ServerError:
+            await instance.stop()
+            raise
+        except Exception as exc:
+            await instance.stop()
+            raise ModelLoadError(f"model {record.key} failed to load: {exc}") from exc
+        except BaseException:
+            await instance.stop()  # cancelled (load timeout, removal, close): no orphan
+            raise
+        record.instance = instance
+        record.info = info
+        record.timings.process_start_s = info.process_start_s
+        record.timings.runtime_load_s = info.load_s
+        record.timings.warmup_s = info.warmup_s
+        self.set_state(record, ModelState.WARMING)
+        record.measured_bytes = info.footprint_bytes
+        device = cfg.device
+        if not self._admission.budget.resize(device, record.key, max(info.footprint_bytes, 1)):
+            # Measured more than reserved and the rest does not fit: make room or give up.
+            try:
+                await self._admission.admit(record, info.footprint_bytes, None)
+            except ServerError:
+                await instance.stop()
+                record.instance = None
+                raise
+        record.reserved_bytes = self._admission.budget.reserved(device, record.key)
+        instance.set_exit_callback(lambda reason: self.on_instance_exit(record, instance, reason))
+        if self.on_ready is not None:
+            await self.on_ready(record)
+        self.set_state(record, ModelState.READY)
+        async with self._admission.changed:
+            self._admission.changed.notify_all()
+
+    async def drop_instance(self, record: ModelRecord) -> None:
+        """Stop the instance (and close the scheduler) of a load that did not finish."""
+        instance, record.instance = record.instance, None
+        if record.scheduler is not None and self.on_unloaded is not None:
+            self.on_unloaded(record)
+        if instance is not None:
+            await instance.stop()
+
+    def on_instance_exit(self, record: ModelRecord, instance: ModelInstance, reason: str) -> None:
+        if record.instance is not instance or self._tasks.closing:
+            return
+        if record.state not in (ModelState.READY, ModelState.WARMING):
+            return
+        record.stats.restarts += 1
+        record.instance = None
+        self.set_state(record, ModelState.LOADING, f"worker died ({reason}); restarting")
+        self.events.add("crashed", record.key, reason)
+        log.warning("worker of %s died (%s); restarting", record.key, reason)
+        self._tasks.spawn(self._restart(record, instance, reason))
+
+    async def _restart(self, record: ModelRecord, dead: ModelInstance, reason: str) -> None:
+        await dead.stop()
+        for attempt, delay in enumerate(_RESTART_BACKOFF_S):
+            await asyncio.sleep(delay)
+            if self._tasks.closing or record.state is not ModelState.LOADING:
+                return
+            try:
+                async with record.lock:
+                    # A request may have loaded it meanwhile (ensure_ready → _load holds
+                    # this lock); starting another worker would orphan that one.
+                    if self._tasks.closing or record.state is not ModelState.LOADING:
+                        return
+                    await self._start_instance(record)
+                self.events.add("restarted", record.key, f"after {attempt + 1} attempt(s)")
+                log.info("restarted %s after %d attempt(s)", record.key, attempt + 1)
+                return
+            except ServerError as exc:
+                log.warning("restart %d of %s failed: %s", attempt + 1, record.key, exc)
+        self._admission.release(record)
+        self.fail(record, f"worker died ({reason}); restarts failed", "restart_failed")

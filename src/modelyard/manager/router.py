@@ -1,0 +1,112 @@
+"""The router: from a request's model name, version or alias to a ready version to run on.
+
+Front ends validate and count; the router decides where a request goes. It resolves
+the name (a version, an alias with its weighted split, or the default) to a record,
+takes a lease on it (eviction prefers versions nobody is waiting for, and drains
+the ones they are), makes sure it is READY (hot-loading it within the caller's
+deadline), and re-routes a request whose version was evicted or restarted between
+routing and queueing: it never ran, so a retry is safe.
+
+Replicas and devices will plug in here: a route will name one replica of a version
+(on one device) instead of the version, chosen by load and placement, and a lease
+will pin that replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from modelyard.clock import Clock
+from modelyard.errors import ModelNotReadyError
+from modelyard.manager.manager import ModelManager
+from modelyard.manager.records import ModelRecord
+from modelyard.scheduling.scheduler import ModelScheduler
+from modelyard.workers.instance import InstanceInfo
+
+ROUTE_ATTEMPTS = 3
+"""How often one request is routed again after its version left between routing and queueing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where to submit one request: a ready version, its scheduler and the deadline."""
+
+    record: ModelRecord
+    info: InstanceInfo
+    """The loaded instance's tensors (what the request is validated against)."""
+    scheduler: ModelScheduler
+    deadline: float
+    """On the router's clock: the model's ``timeout_ms`` from the request's start,
+    extended by the time spent waiting for a load, never past the client's deadline."""
+
+
+class Router:
+    """Resolves requests to versions, leases them and waits until they are ready."""
+
+    def __init__(
+        self,
+        manager: ModelManager,
+        clock: Clock | None = None,
+        on_load_wait: Callable[[ModelRecord, float], None] | None = None,
+    ) -> None:
+        self.manager = manager
+        self._clock = clock or manager.clock
+        self.on_load_wait = on_load_wait
+        """Called with the seconds a request waited for its model to load (metrics)."""
+
+    def resolve(self, name: str, version: str | None) -> ModelRecord:
+        """The record serving ``name`` at ``version`` (a version, an alias, or the default)."""
+        return self.manager.resolve(name, version)
+
+    @asynccontextmanager
+    async def route(
+        self,
+        record: ModelRecord,
+        *,
+        started: float,
+        timeout_s: float,
+        client_timeout_s: float | None = None,
+    ) -> AsyncIterator[Route]:
+        """Lease ``record`` and yield a :class:`Route` once it is ready; release on exit.
+
+        ``timeout_s`` (the model's ``timeout_ms``) covers queue and execution only: a
+        request that waits for a load gets its deadline extended by the wait. The
+        client's own ``client_timeout_s`` caps the whole request, the load included
+        (see docs/architecture.md, "A load does not count against a request's timeout_ms").
+        Submit inside the ``async with``: the lease holds until the request is done.
+        """
+        manager = self.manager
+        clock = self._clock
+        client_deadline: float | None = None
+        if client_timeout_s is not None:
+            timeout_s = min(timeout_s, client_timeout_s)
+            client_deadline = started + client_timeout_s
+        deadline = started + timeout_s
+        manager.touch(record)
+        # A lease marks the request as wanting this version, so eviction prefers others
+        # and waits for it.
+        record.leases += 1
+        try:
+            for attempt in range(ROUTE_ATTEMPTS):
+                if not record.is_ready:
+                    waited = clock.monotonic()
+                    try:
+                        await manager.ensure_ready(record, deadline=client_deadline)
+                    finally:
+                        if self.on_load_wait is not None:
+                            self.on_load_wait(record, clock.monotonic() - waited)
+                    deadline += clock.monotonic() - waited
+                    if client_deadline is not None:
+                        deadline = min(deadline, client_deadline)
+                info = record.info
+                scheduler = record.scheduler
+                if info is None or scheduler is None or not scheduler.is_accepting:
+                    if attempt + 1 < ROUTE_ATTEMPTS:
+                        continue
+                    raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
+                yield Route(record, info, scheduler, deadline)
+                return
+        finally:
+            record.leases -= 1
