@@ -45,7 +45,6 @@ class ModelStats:
     """Per-version counters shown in the stats view."""
 
     requests: int = 0
-    failures: int = 0
     loads: int = 0
     unloads: int = 0
     evictions: int = 0

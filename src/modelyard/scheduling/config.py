@@ -63,7 +63,11 @@ class SchedulerConfig:
     supports_batching: bool = True
     """False: the model takes one request per call, whatever ``max_batch_size`` says."""
     max_concurrency: int = 1
-    """Batches in flight at once (one per worker replica)."""
+    """Batches in flight at once (one per worker replica).
+
+    Always 1 in the server today (one worker per model version). It stays because the
+    scheduler already honours it (tested with 2 and 3) and replicas will set it to their
+    count; the Retry-After estimate divides by it."""
     aging_s: float = 1.0
     """A queued request's effective priority improves by one level per this many seconds."""
     breaker: BreakerConfig = field(default_factory=BreakerConfig)

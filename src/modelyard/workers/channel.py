@@ -19,7 +19,6 @@ import mmap
 import os
 import socket
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
 import numpy as np
 
@@ -36,18 +35,6 @@ _LEN = np.dtype("<u4")
 
 class ChannelClosedError(ConnectionError):
     """The other end of the channel has gone (the process exited or closed it)."""
-
-
-class Channel(Protocol):
-    """Send typed messages to the other process."""
-
-    def send(self, msg: Message) -> None:
-        """Send one message; ChannelClosedError when the peer is gone."""
-        ...
-
-    def close(self) -> None:
-        """Close this end."""
-        ...
 
 
 def socket_pair() -> tuple[socket.socket, socket.socket]:

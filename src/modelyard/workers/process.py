@@ -194,7 +194,7 @@ class ProcessInstance:
         )
 
     async def _launch(self, loop: asyncio.AbstractEventLoop) -> None:
-        region = self._region = SharedRegion.create(self._factory.config.region_bytes)
+        region = self._region = SharedRegion.create()  # grown on demand
         ours, theirs = socket_pair()
         self._channel = LoopChannel(ours, self._on_message, self._on_channel_closed)
         self._in_flight = 0  # the worker's Hello

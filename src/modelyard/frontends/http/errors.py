@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import orjson
 from starlette.responses import Response
 
-from modelyard.errors import ErrorCode, ServerError
+from modelyard.errors import ErrorCode, ServerError, retry_after_value
 
 HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.MODEL_NOT_FOUND: 404,
@@ -32,15 +30,8 @@ HTTP_STATUS: dict[ErrorCode, int] = {
 def error_response(exc: ServerError) -> Response:
     """``{"error": message}`` with the code's status and, when retryable, Retry-After."""
     headers = {"content-type": "application/json"}
-    if exc.retry_after_s is not None:
-        headers["retry-after"] = str(max(1, math.ceil(exc.retry_after_s)))
-    elif exc.code in (
-        ErrorCode.OVERLOADED,
-        ErrorCode.MEMORY_BUDGET,
-        ErrorCode.CIRCUIT_OPEN,
-        ErrorCode.MODEL_LOAD_FAILED,
-    ):
-        headers["retry-after"] = "1"
+    if (retry_after := retry_after_value(exc)) is not None:
+        headers["retry-after"] = retry_after
     if exc.code is ErrorCode.UNAUTHENTICATED:
         # RFC 6750: a 401 names the scheme the client should use.
         headers["www-authenticate"] = 'Bearer realm="modelyard"'
