@@ -232,8 +232,10 @@ class LoopChannel:
     """The server's end: non-blocking, read by the event loop's ``add_reader``.
 
     Each datagram is decoded and handed to ``on_message`` from the loop's own callback,
-    with no task or thread in between. ``on_close`` runs once, with the reason, when the
-    channel becomes useless: the peer closed it, or sent something that is not a message.
+    with no task or thread in between. The channel stops reading once it becomes useless,
+    and says why once: ``on_close`` with the reason when the peer closed it, or
+    ``on_protocol_error`` with the :class:`MessageError` when the peer sent something that
+    is not a message (without it, ``on_close`` hears of that too).
     """
 
     def __init__(
@@ -241,6 +243,7 @@ class LoopChannel:
         sock: socket.socket,
         on_message: Callable[[Message], None],
         on_close: Callable[[str], None],
+        on_protocol_error: Callable[[MessageError], None] | None = None,
     ) -> None:
         sock.setblocking(False)
         self._sock = sock
@@ -248,6 +251,7 @@ class LoopChannel:
         self._view = memoryview(self._buf)
         self._on_message = on_message
         self._on_close = on_close
+        self._on_protocol_error = on_protocol_error
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -272,7 +276,10 @@ class LoopChannel:
             msg = decode(self._view[:n])
         except MessageError as exc:
             self._stop_reading()
-            self._on_close(f"sent a malformed message ({exc})")
+            if self._on_protocol_error is not None:
+                self._on_protocol_error(exc)
+            else:
+                self._on_close(f"sent a malformed message ({exc})")
             return
         self._on_message(msg)
 
