@@ -118,13 +118,7 @@ class AliasRoute:
         """One version, chosen by weight."""
         if len(self.targets) == 1:
             return self.targets[0][0]
-        total = sum(w for _, w in self.targets)
-        x = rng.random() * total
-        for version, weight in self.targets:
-            x -= weight
-            if x < 0:
-                return version
-        return self.targets[-1][0]
+        return rng.choices(self.versions, [w for _, w in self.targets])[0]
 
     def to_dict(self) -> dict[str, float]:
         """``{version: weight}``."""
