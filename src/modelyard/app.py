@@ -37,7 +37,7 @@ from modelyard.manager.poller import RepositoryPoller
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.versions import VersionController
 from modelyard.observability.metrics import Metrics
-from modelyard.scheduling.config import BreakerConfig, SchedulerConfig
+from modelyard.scheduling.config import SchedulerConfig
 from modelyard.scheduling.scheduler import ModelScheduler
 from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.inline import InlineInstance
@@ -169,7 +169,6 @@ class App:
         config = SchedulerConfig.from_model_config(
             record.config,
             supports_batching=info.supports_batching,
-            breaker=BreakerConfig(**record.config.breaker.model_dump()),
             max_batch_elements=self.settings.limits.max_request_elements,
         )
 

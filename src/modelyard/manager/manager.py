@@ -407,7 +407,7 @@ class ModelManager:
         Concurrent callers share the one load task; each waits only until its own
         ``deadline`` (monotonic seconds, None: until the load ends), and a caller giving
         up neither cancels nor fails the load, which only the model's own
-        ``load_timeout_ms`` bounds. A failed model is retried by requests only once its
+        ``load_timeout_s`` bounds. A failed model is retried by requests only once its
         backoff has passed (or its files changed); ``cold_start=False`` (an explicit load)
         retries at once.
         """
@@ -481,7 +481,7 @@ class ModelManager:
         log.error("%s of %s: %s; requests may retry it in %.0f s", event, record.key, reason, delay)
 
     async def _load(self, record: ModelRecord, *, prefetch: bool = False) -> None:
-        """Load ``record`` (the one shared load task), bounded by its ``load_timeout_ms``.
+        """Load ``record`` (the one shared load task), bounded by its ``load_timeout_s``.
 
         No request's deadline reaches in here: callers wait on this task each within
         their own deadline, so an impatient caller cannot fail the load for the others.
@@ -517,7 +517,7 @@ class ModelManager:
                 self._fail(
                     record,
                     f"model {record.key} waited for memory longer than its load timeout "
-                    f"({record.config.load_timeout_ms} ms)",
+                    f"({record.config.load_timeout_s * 1000:g} ms)",
                     "load_failed",
                 )
                 return
@@ -553,7 +553,7 @@ class ModelManager:
                 if isinstance(exc, TimeoutError):
                     reason = (
                         f"model {record.key} did not load within its load timeout "
-                        f"({record.config.load_timeout_ms} ms)"
+                        f"({record.config.load_timeout_s * 1000:g} ms)"
                     )
                 elif isinstance(exc, ServerError):
                     reason = str(exc)
