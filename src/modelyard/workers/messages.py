@@ -153,6 +153,7 @@ Message = (
     | WorkerExited
 )
 
+_MESSAGE_TYPES = Message.__args__
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
 
@@ -175,8 +176,11 @@ def _clipped(msg: Message) -> Message:
 
 
 def encode(msg: Message) -> bytes:
-    """One datagram; raises MessageError past :data:`MAX_MESSAGE_BYTES`."""
-    if not isinstance(msg, Infer | InferDone):  # the hot pair carries no free text
+    """One datagram; MessageError for anything not a message or past :data:`MAX_MESSAGE_BYTES`."""
+    kind = type(msg)
+    if kind is not Infer and kind is not InferDone:  # the hot pair carries no free text
+        if not isinstance(msg, _MESSAGE_TYPES):
+            raise MessageError(f"{kind.__name__} is not a message")
         msg = _clipped(msg)
     data = _ENCODER.encode(msg)
     if len(data) > MAX_MESSAGE_BYTES:

@@ -98,3 +98,9 @@ def test_no_two_messages_share_a_tag_and_none_decodes_as_another(msg: Message) -
     tags = [type(m).__struct_config__.tag for m in MESSAGES]
     assert len(set(tags)) == len({type(m) for m in MESSAGES})
     assert type(decode(encode(msg))) is type(msg)
+
+
+@pytest.mark.parametrize("thing", [TensorMeta("x", "<f4", (1,), 0, 4), {"t": "i"}, None])
+def test_encoding_something_that_is_no_message_is_refused(thing: object) -> None:
+    with pytest.raises(MessageError, match="is not a message"):
+        encode(thing)  # type: ignore[arg-type]
