@@ -12,8 +12,8 @@ closed loop. One ``modelyard serve`` subprocess serves the same file as three mo
 (each its own worker process):
 
 * **(a) off**: ``max_batch_size: 1``;
-* **(b) fixed**: ``max_batch_size: 16, max_queue_delay_us: 2000``;
-* **(c) adaptive**: ``max_batch_size: 32, latency_slo_ms: 100``.
+* **(b) fixed**: ``max_batch_size: 16, max_queue_delay_s: 0.002``;
+* **(c) adaptive**: ``max_batch_size: 32, latency_slo_s: 0.1``.
 
 First a short tuning pass compares ``intra_op_threads`` 1 and 2 (all three configurations
 at concurrency 1 and 32) and keeps the one with the higher geometric-mean throughput for
@@ -46,8 +46,8 @@ SEQ_TOKENS = 16
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "a-off": {"max_batch_size": 1},
-    "b-fixed": {"max_batch_size": 16, "max_queue_delay_us": 2000},
-    "c-adaptive": {"max_batch_size": 32, "latency_slo_ms": 100},
+    "b-fixed": {"max_batch_size": 16, "max_queue_delay_s": 0.002},
+    "c-adaptive": {"max_batch_size": 32, "latency_slo_s": 0.1},
 }
 THREADS = (1, 2)
 

@@ -7,7 +7,7 @@ Run from the repository root::
 
 One ``modelyard serve`` subprocess with REST and gRPC on free ports serves two small
 models, built at run time, both with the default settings (``isolation: process``,
-``max_batch_size: 8``, ``max_queue_delay_us: 0``):
+``max_batch_size: 8``, ``max_queue_delay_s: 0``):
 
 * ``identity``: ONNX Identity, FP32 ``[1, 4]`` (the server's own cost, nothing else);
 * ``digits-logreg``: scikit-learn logistic regression on the digits set, via skl2onnx,

@@ -8,7 +8,7 @@ Run from the repository root::
 One ``modelyard serve`` subprocess serves the same identity ONNX model (FP32 ``[1, 4]``,
 built at run time) twice: ``isolation: process`` (own worker process, shared memory and a
 socket round trip) and ``isolation: inline`` (in the server process). Both keep the
-defaults otherwise (``max_batch_size: 8``, ``max_queue_delay_us: 0``). ``modelyard.bench``
+defaults otherwise (``max_batch_size: 8``, ``max_queue_delay_s: 0``). ``modelyard.bench``
 sends one request at a time (concurrency 1, closed loop, raw HTTP/1.1 keep-alive, JSON).
 
 The baseline is ONNX Runtime's ``session.run`` on the same file and input in this client

@@ -39,7 +39,7 @@ from modelyard.manager.stats import VersionView
 from modelyard.manager.versions import VersionController
 from modelyard.observability.health import HealthView
 from modelyard.observability.metrics import Metrics
-from modelyard.scheduling.config import BreakerConfig, SchedulerConfig
+from modelyard.scheduling.config import SchedulerConfig
 from modelyard.scheduling.scheduler import ModelScheduler
 from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.inline import InlineInstance
@@ -174,7 +174,6 @@ class App:
         config = SchedulerConfig.from_model_config(
             record.config,
             supports_batching=info.supports_batching,
-            breaker=BreakerConfig(**record.config.breaker.model_dump()),
             max_batch_elements=self.settings.limits.max_request_elements,
         )
 

@@ -7,6 +7,7 @@ knows about HTTP or gRPC.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import ClassVar
 
@@ -62,6 +63,9 @@ class ServerError(Exception):
 
     code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
     retryable: ClassVar[bool] = False
+    """True when the client should back off and retry: both front ends then send a
+    ``retry-after`` (header or trailing metadata), ``retry_after_s`` or else one second.
+    The one list of such errors; see :func:`retry_after_value`."""
 
     def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
         message = hide_paths(message)
@@ -101,14 +105,12 @@ class ModelNotReadyError(ServerError):
     """The model exists but cannot serve now (loading, unloading, failed, restarting)."""
 
     code = ErrorCode.MODEL_NOT_READY
-    retryable = True
 
 
 class ModelStateConflictError(ServerError):
     """A lifecycle verb conflicts with the model's current state."""
 
     code = ErrorCode.STATE_CONFLICT
-    retryable = True
 
 
 class OverloadedError(ServerError):
@@ -141,7 +143,6 @@ class WorkerCrashedError(ServerError):
     """The worker process serving the request died; the request failed with it."""
 
     code = ErrorCode.WORKER_CRASHED
-    retryable = True
 
 
 class ModelLoadError(ServerError):
@@ -201,6 +202,17 @@ _BY_CODE: dict[ErrorCode, type[ServerError]] = {
         PermissionDeniedError,
     )
 }
+
+
+def retry_after_value(exc: ServerError) -> str | None:
+    """The ``retry-after`` value (whole seconds, at least 1) both front ends send, or None.
+
+    An explicit ``retry_after_s`` always counts; otherwise only :attr:`ServerError.retryable`
+    errors get one, of one second.
+    """
+    if exc.retry_after_s is not None:
+        return str(max(1, math.ceil(exc.retry_after_s)))
+    return "1" if exc.retryable else None
 
 
 def error_from_code(code: str, message: str) -> ServerError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import time
 
 import numpy as np
@@ -25,10 +26,32 @@ SIGKILL_SELF = 2
 SEGFAULT = 3
 """Read address 0 through ctypes."""
 SIGTERM_SELF = 4
+GARBLE = 5
+"""Send the server a datagram that is no message (an unknown tag), then echo."""
+NOT_A_MESSAGE = b"\x92\xa1?\x01"
+"""MessagePack ``["?", 1]``: shaped like a message, with a tag no message has."""
+
+
+def _send_not_a_message() -> None:
+    # The worker's channel is its one SOCK_SEQPACKET socket; the model cannot reach it
+    # otherwise, which is the point: only a broken worker sends such a thing.
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=int(name))
+        except (OSError, ValueError):
+            continue
+        try:
+            if sock.type == socket.SOCK_SEQPACKET:
+                sock.send(NOT_A_MESSAGE)
+        except OSError:
+            pass
+        finally:
+            sock.detach()
 
 
 class CrashingModel:
-    """Echoes ``x``; ``action`` (one INT32) crashes the process in the chosen way."""
+    """Echoes ``x``; ``action`` (one INT32) crashes the process in the chosen way (or
+    breaks the message protocol)."""
 
     inputs = [TensorSpec("x", "FP32", (-1,)), TensorSpec("action", "INT32", (1,))]
     outputs = [TensorSpec("y", "FP32", (-1,))]
@@ -44,6 +67,8 @@ class CrashingModel:
             ctypes.string_at(0)
         if action == SIGTERM_SELF:
             os.kill(os.getpid(), signal.SIGTERM)
+        if action == GARBLE:
+            _send_not_a_message()
         return {"y": inputs["x"].copy()}
 
 

@@ -38,9 +38,9 @@ ALLOWED_MODEL_KEYS = {
     "memory_mb",
     "preload",
     "max_batch_size",
-    "max_queue_delay_us",
+    "max_queue_delay_s",
     "priority",
-    "timeout_ms",
+    "timeout_s",
     "isolation",
     "share_weights",
 }

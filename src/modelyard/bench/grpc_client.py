@@ -23,38 +23,13 @@ from modelyard.bench.client import InferSession
 from modelyard.bench.discovery import Discovery
 from modelyard.bench.errors import EngineUnavailableError, TargetError
 from modelyard.bench.payload import InferInput, ModelMetadata, Payload, TensorSpec
+from modelyard.frontends.grpc.convert import TYPED_FIELD
+from modelyard.protocol.datatypes import numpy_dtype
+from modelyard.protocol.tensors import binary_bytes
+from modelyard.protocol.types import InferOutput
 
 STUBS_PACKAGE = "modelyard.frontends.grpc.proto"
 """Where the generated ``grpc_predict_v2_pb2`` and ``grpc_predict_v2_pb2_grpc`` live."""
-
-_CONTENTS_FIELD = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    "BYTES": "bytes_contents",
-}
-_NUMPY_DTYPE = {
-    "BOOL": "?",
-    "INT8": "<i1",
-    "INT16": "<i2",
-    "INT32": "<i4",
-    "INT64": "<i8",
-    "UINT8": "<u1",
-    "UINT16": "<u2",
-    "UINT32": "<u4",
-    "UINT64": "<u8",
-    "FP16": "<f2",
-    "FP32": "<f4",
-    "FP64": "<f8",
-}
 
 
 @dataclass(frozen=True)
@@ -96,7 +71,7 @@ def infer_request_bytes(stubs: GrpcStubs, payload: Payload) -> bytes:
     every input goes in ``raw_input_contents``, as the protocol requires.
     """
     request = stubs.pb2.ModelInferRequest(model_name=payload.model)
-    use_raw = any(item.datatype not in _CONTENTS_FIELD for item in payload.inputs)
+    use_raw = any(item.datatype not in TYPED_FIELD for item in payload.inputs)
     for item in payload.inputs:
         tensor = request.inputs.add(name=item.name, datatype=item.datatype, shape=item.shape)
         if use_raw:
@@ -104,7 +79,7 @@ def infer_request_bytes(stubs: GrpcStubs, payload: Payload) -> bytes:
         elif item.datatype == "BYTES":
             tensor.contents.bytes_contents.extend(_as_bytes(value) for value in item.data)
         else:
-            getattr(tensor.contents, _CONTENTS_FIELD[item.datatype]).extend(item.data)
+            getattr(tensor.contents, TYPED_FIELD[item.datatype]).extend(item.data)
     data: bytes = request.SerializeToString()
     return data
 
@@ -231,14 +206,15 @@ def open_channel(target: str, root_certificates: bytes | None) -> grpc.aio.Chann
 
 
 def _raw_bytes(item: InferInput) -> bytes:
-    if item.datatype == "BYTES":
-        parts = [_as_bytes(value) for value in item.data]
-        return b"".join(len(part).to_bytes(4, "little") + part for part in parts)
     if item.datatype == "BF16":
-        # bfloat16 is the upper half of a float32.
+        # bfloat16 is the upper half of a float32 (other servers define it; modelyard does not).
         halves = np.asarray(item.data, dtype="<f4").view("<u4") >> 16
         return halves.astype("<u2").tobytes()
-    return np.asarray(item.data, dtype=_NUMPY_DTYPE[item.datatype]).tobytes()
+    if item.datatype == "BYTES":
+        values = np.empty(len(item.data), dtype=object)
+        values[:] = [_as_bytes(value) for value in item.data]
+        return binary_bytes(InferOutput(item.name, "BYTES", item.shape, values))
+    return np.asarray(item.data, dtype=numpy_dtype(item.datatype).newbyteorder("<")).tobytes()
 
 
 def _as_bytes(value: Any) -> bytes:

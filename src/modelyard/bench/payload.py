@@ -16,15 +16,16 @@ import numpy as np
 import orjson
 
 from modelyard.bench.errors import BenchConfigError, TargetError
+from modelyard.protocol.datatypes import DATATYPES as PROTOCOL_DATATYPES
+from modelyard.protocol.datatypes import numpy_dtype
 
 MAX_ELEMENTS = 16 * 1024 * 1024
 """Largest tensor the payload factory will generate; protects the client's memory."""
 
-_INTEGER_TYPES = frozenset(
-    {"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"}
-)
-_FLOAT_TYPES = frozenset({"FP16", "FP32", "FP64", "BF16"})
-DATATYPES = frozenset({"BOOL", "BYTES"}) | _INTEGER_TYPES | _FLOAT_TYPES
+_INTEGER_TYPES = frozenset(d for d in PROTOCOL_DATATYPES if numpy_dtype(d).kind in "iu")
+_FLOAT_TYPES = frozenset(d for d in PROTOCOL_DATATYPES if numpy_dtype(d).kind == "f") | {"BF16"}
+"""The protocol's float types, and BF16, which other v2 servers (Triton) define."""
+DATATYPES = PROTOCOL_DATATYPES | _FLOAT_TYPES
 """Open Inference Protocol tensor datatypes the payload factory can fill."""
 
 

@@ -7,26 +7,39 @@ descriptors), and every refusal is a typed error, never a truncated answer.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from typing import Any
 
-_MIB = 1024 * 1024
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+from modelyard.config.units import MIB, OldName, from_old_names
+
+_OLD_NAMES: dict[str, OldName] = {
+    "max_control_body_bytes": ("max_control_body_mb", MIB),
+    "max_response_bytes": ("max_response_mb", MIB),
+}
+"""Older names of the size limits (bytes), still accepted."""
 
 
 class LimitsConfig(BaseModel):
-    """The ``limits:`` block of ``modelyard.yaml`` (``max_request_bytes`` stays top-level)."""
+    """The ``limits:`` block of ``modelyard.yaml`` (``max_request_mb`` stays top-level).
+
+    Sizes are MiB in the file (``_mb``, fractions allowed); the code reads them in bytes
+    through the ``_bytes`` properties."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_control_body_bytes: PositiveInt = 1 * _MIB
+    max_control_body_mb: float = Field(default=1.0, gt=0)
     """Largest body of any route other than inference (repository, aliases, rollback,
-    pin, dashboard, ...); beyond it, HTTP 413 before the body is read whole."""
-    max_request_elements: PositiveInt = 16 * _MIB
+    pin, dashboard, ...); beyond it, HTTP 413 before the body is read whole. Older name
+    ``max_control_body_bytes`` (bytes)."""
+    max_request_elements: PositiveInt = 16 * MIB
     """Most tensor elements one inference request may carry (all inputs together),
     checked from the declared shapes before any array is built; beyond it, 413
     (gRPC RESOURCE_EXHAUSTED). A batch the scheduler forms never exceeds it either."""
-    max_response_bytes: PositiveInt = 64 * _MIB
+    max_response_mb: float = Field(default=64.0, gt=0)
     """Largest encoded inference response; beyond it the request fails with 413 (gRPC
-    RESOURCE_EXHAUSTED) rather than sending a partial body."""
+    RESOURCE_EXHAUSTED) rather than sending a partial body. Older name
+    ``max_response_bytes`` (bytes)."""
     header_timeout_s: float = Field(default=10.0, gt=0)
     """An HTTP connection must send a complete request head within this long of opening
     (or of its first byte, between keep-alive requests); otherwise it is closed. A gRPC
@@ -47,3 +60,18 @@ class LimitsConfig(BaseModel):
     """Concurrent RPCs one gRPC connection may have open."""
     grpc_max_connection_idle_s: float = Field(default=300.0, gt=0)
     """A gRPC connection with no RPC for this long is closed (GOAWAY)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        return from_old_names(data, _OLD_NAMES)
+
+    @property
+    def max_control_body_bytes(self) -> int:
+        """``max_control_body_mb`` in bytes."""
+        return max(1, int(self.max_control_body_mb * MIB))
+
+    @property
+    def max_response_bytes(self) -> int:
+        """``max_response_mb`` in bytes."""
+        return max(1, int(self.max_response_mb * MIB))

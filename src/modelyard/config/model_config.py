@@ -1,10 +1,13 @@
-"""ModelConfig: one entry of ``models:`` in ``modelyard.yaml``."""
+"""ModelConfig: one entry of ``models:`` in ``modelyard.yaml``; times in seconds, sizes in
+MiB (see :mod:`modelyard.config.units` for the older names that still load)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
+
+from modelyard.config.units import OldName, from_old_names
 
 RuntimeKind = Literal["onnx", "sklearn", "python", "torch"]
 Isolation = Literal["process", "inline"]
@@ -23,13 +26,17 @@ class VersionPolicy(BaseModel):
     """Serve exactly these versions."""
 
 
-class BreakerSettings(BaseModel):
-    """The model's circuit breaker: a sliding window of recent outcomes."""
+class BreakerConfig(BaseModel):
+    """A model's circuit breaker: a sliding window of recent outcomes.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    The one breaker type: the YAML's ``breaker:`` block is what the scheduler's
+    :class:`~modelyard.scheduling.breaker.CircuitBreaker` runs on.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", title="breaker")
 
     window: PositiveInt = 20
-    """How many recent model calls the failure ratio is computed over."""
+    """How many recent model calls (one outcome each) the failure ratio is computed over."""
     failure_ratio: float = Field(default=0.5, gt=0, le=1)
     """Open when failures / calls in the window reach this."""
     min_calls: PositiveInt = 10
@@ -37,13 +44,22 @@ class BreakerSettings(BaseModel):
     cooldown_s: float = Field(default=10.0, ge=0)
     """How long the breaker stays open before letting probes through."""
     half_open_probes: PositiveInt = 1
-    """Requests let through while half-open."""
+    """Requests let through at once while half-open; the first outcome decides."""
 
     @model_validator(mode="after")
-    def _check(self) -> BreakerSettings:
+    def _check(self) -> BreakerConfig:
         if self.min_calls > self.window:
             raise ValueError("breaker min_calls must not exceed window")
         return self
+
+
+_OLD_NAMES: dict[str, OldName] = {
+    "max_queue_delay_us": ("max_queue_delay_s", 1_000_000),
+    "latency_slo_ms": ("latency_slo_s", 1000),
+    "timeout_ms": ("timeout_s", 1000),
+    "load_timeout_ms": ("load_timeout_s", 1000),
+}
+"""Older names of ModelConfig fields (other units), still accepted."""
 
 
 class ModelConfig(BaseModel):
@@ -65,26 +81,30 @@ class ModelConfig(BaseModel):
     """Never evict this model."""
     max_batch_size: NonNegativeInt = 8
     """Largest batch handed to one runtime call (0 disables batching)."""
-    max_queue_delay_us: NonNegativeInt = 0
-    """How long the oldest queued request may wait for company (dynamic batching)."""
+    max_queue_delay_s: float = Field(default=0.0, ge=0)
+    """How long the oldest queued request may wait for company (dynamic batching);
+    older name ``max_queue_delay_us`` (microseconds)."""
     preferred_batch_sizes: list[PositiveInt] = Field(default_factory=list)
     """Batch sizes the batcher tries to form."""
-    latency_slo_ms: float | None = Field(default=None, gt=0)
-    """Target p99; when set, batch size and delay adapt to keep under it."""
+    latency_slo_s: float | None = Field(default=None, gt=0)
+    """Target p99; when set, batch size and delay adapt to keep under it; older name
+    ``latency_slo_ms``."""
     max_queue_size: PositiveInt = 256
     """Requests that may wait for this model; beyond it, HTTP 429."""
     priority: int = Field(default=3, ge=1, le=10)
     """1 is the most important: evicted last, dequeued first."""
-    timeout_ms: PositiveInt = 10_000
+    timeout_s: float = Field(default=10.0, gt=0)
     """Default request deadline (queue plus execution); a request may shorten it.
 
     A request that has to wait for the model to load gets this much time after the
     load, so a cold model's first request does not time out by design; a deadline the
     client sets itself (``timeout`` parameter, ``X-Modelyard-Timeout-Ms``, gRPC
-    deadline) still caps the request's total time, load included."""
-    load_timeout_ms: PositiveInt = 120_000
+    deadline) still caps the request's total time, load included. Older name
+    ``timeout_ms``."""
+    load_timeout_s: float = Field(default=120.0, gt=0)
     """Longest a load may take (waiting for memory, starting, warming up); past it the
-    load fails. Requests waiting for the load never shorten it."""
+    load fails. Requests waiting for the load never shorten it. Older name
+    ``load_timeout_ms``."""
     isolation: Isolation = "process"
     """``process``: own worker process; ``inline``: in the server process (tiny models)."""
     memory_limit_mb: float | None = Field(default=None, gt=0)
@@ -99,7 +119,7 @@ class ModelConfig(BaseModel):
     """Threads one inference may use (ONNX Runtime intra-op)."""
     device: str = "cpu"
     """Device whose budget the model uses."""
-    breaker: BreakerSettings = Field(default_factory=BreakerSettings)
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     """Circuit breaker settings."""
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
     """Which versions are served."""
@@ -110,6 +130,11 @@ class ModelConfig(BaseModel):
     warmup_inputs: dict[str, list[object]] | None = None
     """Sample inputs for warm-up (nested lists by input name); default: generated."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        return from_old_names(data, _OLD_NAMES)
+
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
         if self.runtime == "python" and not self.python_class:
@@ -117,13 +142,3 @@ class ModelConfig(BaseModel):
         if self.python_class and ":" not in self.python_class:
             raise ValueError("'class' must be 'module:Class'")
         return self
-
-    @property
-    def timeout_s(self) -> float:
-        """Default deadline in seconds."""
-        return self.timeout_ms / 1000.0
-
-    @property
-    def load_timeout_s(self) -> float:
-        """Load deadline in seconds."""
-        return self.load_timeout_ms / 1000.0

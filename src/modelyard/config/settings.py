@@ -19,6 +19,7 @@ from modelyard.config.limits import LimitsConfig
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.remote_load import RemoteLoadConfig
 from modelyard.config.security import SecurityConfig
+from modelyard.config.units import MIB, from_old_names
 
 _FILE_DATA: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("_FILE_DATA")
 
@@ -35,7 +36,8 @@ class DeviceConfig(BaseModel):
     name: str = Field(pattern=r"^(cpu|cuda:\d+)$")
     """``cpu`` or ``cuda:N``."""
     memory_budget_mb: float | None = Field(default=None, gt=0)
-    """Budget in MiB; default: half of the host's (or device's) memory."""
+    """Budget in MiB; default: half of the host's RAM (``psutil``'s total), for every
+    device alike, ``cuda:N`` included: name a GPU's budget explicitly."""
 
 
 class PrefetchConfig(BaseModel):
@@ -70,11 +72,13 @@ class ServerSettings(BaseSettings):
     """Log verbosity."""
     log_format: Literal["text", "json"] = "text"
     """``json`` writes one JSON object per line."""
-    max_request_bytes: PositiveInt = 64 * 1024 * 1024
-    """Largest request body accepted; beyond it, HTTP 413."""
+    max_request_mb: float = Field(default=64.0, gt=0)
+    """Largest request body accepted, in MiB; beyond it, HTTP 413. Older name
+    ``max_request_bytes`` (bytes)."""
     model_control_mode: Literal["none", "explicit", "poll"] = "explicit"
     """``explicit``: load/unload over the API; ``poll``: follow the repository folder;
-    ``none``: the declared models only, and the API's load/unload are refused."""
+    ``none``: the declared models only, and the API's load/unload are refused (HTTP 501,
+    gRPC UNIMPLEMENTED)."""
     remote_load: RemoteLoadConfig = Field(default_factory=RemoteLoadConfig)
     """What a load request over the API may ask for (fields, paths, priorities)."""
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
@@ -109,6 +113,11 @@ class ServerSettings(BaseSettings):
     config_file: str = ""
     """The YAML file itself (set by the loader; named in start-up errors)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        return from_old_names(data, {"max_request_bytes": ("max_request_mb", MIB)})
+
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
         names = [m.name for m in self.models]
@@ -120,6 +129,11 @@ class ServerSettings(BaseSettings):
             if m.device not in devices:
                 raise ValueError(f"model {m.name!r} names unknown device {m.device!r}")
         return self
+
+    @property
+    def max_request_bytes(self) -> int:
+        """``max_request_mb`` in bytes."""
+        return max(1, int(self.max_request_mb * MIB))
 
     @property
     def repository_root(self) -> Path:

@@ -56,7 +56,7 @@ class _Entry:
     preload: bool = True
     max_batch_size: int = 8
     priority: int = 3
-    timeout_ms: int = 1000
+    timeout_s: float = 1.0
     isolation: str | None = None
     python_class: str | None = None
 
@@ -87,7 +87,7 @@ def _mlp_entry(name: str, size_mb: float, seed: int, **fields: Any) -> _Entry:
     def build(path: Path) -> Path:
         return build_mlp_onnx(path, size_mb, seed=seed, external_data=True)
 
-    return _Entry(name=name, file=_ONNX_FILE, build=build, timeout_ms=5000, **fields)
+    return _Entry(name=name, file=_ONNX_FILE, build=build, timeout_s=5.0, **fields)
 
 
 def _materialise(root: Path, entry: _Entry) -> dict[str, Any]:
@@ -104,7 +104,7 @@ def _materialise(root: Path, entry: _Entry) -> dict[str, Any]:
         "preload": entry.preload,
         "max_batch_size": entry.max_batch_size,
         "priority": entry.priority,
-        "timeout_ms": entry.timeout_ms,
+        "timeout_s": entry.timeout_s,
     }
     if entry.isolation is not None:
         item["isolation"] = entry.isolation
@@ -162,7 +162,7 @@ def _example_entries(*, include_minilm: bool, big_mlp_mb: float) -> list[_Entry]
                 preload=False,
                 max_batch_size=16,
                 priority=2,
-                timeout_ms=10_000,
+                timeout_s=10.0,
             )
         )
         entries.append(
@@ -174,7 +174,7 @@ def _example_entries(*, include_minilm: bool, big_mlp_mb: float) -> list[_Entry]
                 preload=False,
                 max_batch_size=16,
                 priority=2,
-                timeout_ms=10_000,
+                timeout_s=10.0,
                 python_class="modelyard.examples.text_encoder:TextEncoder",
             )
         )

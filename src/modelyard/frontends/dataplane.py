@@ -156,7 +156,7 @@ class DataPlane:
         """Metadata, loading the model first if its tensors are not known yet.
 
         The wait for the load is bounded by the client's own ``timeout_s`` if it gave one,
-        else by the model's ``load_timeout_ms`` (a load is not held to ``timeout_ms``).
+        else by the model's ``load_timeout_s`` (a load is not held to ``timeout_s``).
         """
         record = self.manager.resolve(check_model_name(name), check_version_name(version))
         if record.info is None:

@@ -1,4 +1,4 @@
-"""Loading: one load per model version at a time, bounded by its ``load_timeout_ms``.
+"""Loading: one load per model version at a time, bounded by its ``load_timeout_s``.
 
 :meth:`Loader.ensure_ready` is how anything gets a model READY: concurrent callers
 share one load task (single flight through ``record.load_task``), each waiting within
@@ -95,7 +95,7 @@ class Loader:
         Concurrent callers share the one load task; each waits only until its own
         ``deadline`` (monotonic seconds, None: until the load ends), and a caller giving
         up neither cancels nor fails the load, which only the model's own
-        ``load_timeout_ms`` bounds. A failed model is retried by requests only once its
+        ``load_timeout_s`` bounds. A failed model is retried by requests only once its
         backoff has passed (or its files changed); ``cold_start=False`` (an explicit load)
         retries at once.
         """
@@ -160,7 +160,7 @@ class Loader:
         log.error("%s of %s: %s; requests may retry it in %.0f s", event, record.key, reason, delay)
 
     async def load(self, record: ModelRecord, *, prefetch: bool = False) -> None:
-        """Load ``record`` (the one shared load task), bounded by its ``load_timeout_ms``.
+        """Load ``record`` (the one shared load task), bounded by its ``load_timeout_s``.
 
         No request's deadline reaches in here: callers wait on this task each within
         their own deadline, so an impatient caller cannot fail the load for the others.
@@ -196,7 +196,7 @@ class Loader:
                 self.fail(
                     record,
                     f"model {record.key} waited for memory longer than its load timeout "
-                    f"({record.config.load_timeout_ms} ms)",
+                    f"({record.config.load_timeout_s * 1000:g} ms)",
                     "load_failed",
                 )
                 return
@@ -232,7 +232,7 @@ class Loader:
                 if isinstance(exc, TimeoutError):
                     reason = (
                         f"model {record.key} did not load within its load timeout "
-                        f"({record.config.load_timeout_ms} ms)"
+                        f"({record.config.load_timeout_s * 1000:g} ms)"
                     )
                 elif isinstance(exc, ServerError):
                     reason = str(exc)

@@ -45,7 +45,6 @@ class ModelStats:
     """Per-version counters shown in the stats view."""
 
     requests: int = 0
-    failures: int = 0
     loads: int = 0
     unloads: int = 0
     evictions: int = 0
@@ -119,13 +118,7 @@ class AliasRoute:
         """One version, chosen by weight."""
         if len(self.targets) == 1:
             return self.targets[0][0]
-        total = sum(w for _, w in self.targets)
-        x = rng.random() * total
-        for version, weight in self.targets:
-            x -= weight
-            if x < 0:
-                return version
-        return self.targets[-1][0]
+        return rng.choices(self.versions, [w for _, w in self.targets])[0]
 
     def to_dict(self) -> dict[str, float]:
         """``{version: weight}``."""

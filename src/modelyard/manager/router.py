@@ -38,7 +38,7 @@ class Route:
     """The loaded instance's tensors (what the request is validated against)."""
     scheduler: ModelScheduler
     deadline: float
-    """On the router's clock: the model's ``timeout_ms`` from the request's start,
+    """On the router's clock: the model's ``timeout_s`` from the request's start,
     extended by the time spent waiting for a load, never past the client's deadline."""
 
 
@@ -71,7 +71,7 @@ class Router:
     ) -> AsyncIterator[Route]:
         """Lease ``record`` and yield a :class:`Route` once it is ready; release on exit.
 
-        ``timeout_s`` (the model's ``timeout_ms``) covers queue and execution only: a
+        ``timeout_s`` (the model's ``timeout_s``) covers queue and execution only: a
         request that waits for a load gets its deadline extended by the wait. The
         client's own ``client_timeout_s`` caps the whole request, the load included
         (see docs/architecture.md, "A load does not count against a request's timeout_ms").

@@ -94,7 +94,7 @@ class InferRequest:
     """1 is the highest; None means the model's own priority."""
     timeout_s: float | None = None
     """The client's own deadline budget: caps the request's total time, a load included,
-    and may only shorten the model's ``timeout_ms``."""
+    and may only shorten the model's ``timeout_s``."""
 
 
 @dataclass(slots=True)

@@ -82,7 +82,3 @@ class RepositoryWatcher:
     def note_taken(self, version_dir: Path) -> None:
         """Remember ``version_dir`` as offered in its present state (known at start-up)."""
         self._taken[version_dir] = folder_signature(version_dir)
-
-    def forget(self, version_dir: Path) -> None:
-        """Let a refused version be offered again (e.g. after an explicit load)."""
-        self._taken.pop(version_dir, None)

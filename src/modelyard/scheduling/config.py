@@ -1,47 +1,19 @@
 """Static settings of one model's scheduler: batching, queue, priorities and circuit breaker.
 
-These are plain frozen dataclasses, so the scheduler does not depend on pydantic; the
-manager builds one from the model's validated ``ModelConfig`` with
-:meth:`SchedulerConfig.from_model_config`.
+:class:`SchedulerConfig` is a plain frozen dataclass holding what the scheduler needs in
+its own units (seconds); the app builds one from the model's validated ``ModelConfig``
+with :meth:`SchedulerConfig.from_model_config`, adding what only the loaded runtime
+knows. The circuit breaker's settings need no translation, so the scheduler runs on the
+YAML's own :class:`~modelyard.config.model_config.BreakerConfig` (re-exported here).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from modelyard.config.model_config import ModelConfig
+from modelyard.config.model_config import BreakerConfig, ModelConfig
 
-
-@dataclass(frozen=True, slots=True)
-class BreakerConfig:
-    """Settings of a model's circuit breaker (see :mod:`modelyard.scheduling.breaker`)."""
-
-    window: int = 20
-    """How many recent outcomes (one per model call) the failure ratio is computed over."""
-    failure_ratio: float = 0.5
-    """Open when failures / outcomes in the window reach this ratio."""
-    min_calls: int = 10
-    """Never open before the window holds at least this many outcomes."""
-    cooldown_s: float = 10.0
-    """How long the breaker stays open before it lets probes through."""
-    half_open_probes: int = 1
-    """Requests let through at once while half-open; the first outcome decides."""
-
-    def __post_init__(self) -> None:
-        if self.window < 1:
-            raise ValueError(f"breaker window must be >= 1, got {self.window}")
-        if not 0.0 < self.failure_ratio <= 1.0:
-            raise ValueError(f"breaker failure_ratio must be in (0, 1], got {self.failure_ratio}")
-        if not 1 <= self.min_calls <= self.window:
-            raise ValueError(
-                f"breaker min_calls must be in [1, window={self.window}], got {self.min_calls}"
-            )
-        if self.cooldown_s < 0:
-            raise ValueError(f"breaker cooldown_s must be >= 0, got {self.cooldown_s}")
-        if self.half_open_probes < 1:
-            raise ValueError(f"breaker half_open_probes must be >= 1, got {self.half_open_probes}")
+__all__ = ["BreakerConfig", "SchedulerConfig"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +35,11 @@ class SchedulerConfig:
     supports_batching: bool = True
     """False: the model takes one request per call, whatever ``max_batch_size`` says."""
     max_concurrency: int = 1
-    """Batches in flight at once (one per worker replica)."""
+    """Batches in flight at once (one per worker replica).
+
+    Always 1 in the server today (one worker per model version). It stays because the
+    scheduler already honours it (tested with 2 and 3) and replicas will set it to their
+    count; the Retry-After estimate divides by it."""
     aging_s: float = 1.0
     """A queued request's effective priority improves by one level per this many seconds."""
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
@@ -106,16 +82,17 @@ class SchedulerConfig:
         breaker: BreakerConfig | None = None,
         max_batch_elements: int | None = None,
     ) -> SchedulerConfig:
-        """The scheduler settings of ``model``; the caller adds what the runtime and pool know."""
+        """The scheduler settings of ``model`` (its own ``breaker`` unless one is given);
+        the caller adds what the runtime and pool know."""
         return cls(
             max_batch_size=model.max_batch_size,
-            max_queue_delay_s=model.max_queue_delay_us / 1_000_000,
+            max_queue_delay_s=model.max_queue_delay_s,
             preferred_batch_sizes=tuple(model.preferred_batch_sizes),
             max_queue_size=model.max_queue_size,
-            latency_slo_s=None if model.latency_slo_ms is None else model.latency_slo_ms / 1000,
+            latency_slo_s=model.latency_slo_s,
             default_priority=model.priority,
             supports_batching=supports_batching,
             max_concurrency=max_concurrency,
-            breaker=breaker if breaker is not None else BreakerConfig(),
+            breaker=breaker if breaker is not None else model.breaker,
             max_batch_elements=max_batch_elements,
         )

@@ -19,7 +19,6 @@ import mmap
 import os
 import socket
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
 import numpy as np
 
@@ -36,18 +35,6 @@ _LEN = np.dtype("<u4")
 
 class ChannelClosedError(ConnectionError):
     """The other end of the channel has gone (the process exited or closed it)."""
-
-
-class Channel(Protocol):
-    """Send typed messages to the other process."""
-
-    def send(self, msg: Message) -> None:
-        """Send one message; ChannelClosedError when the peer is gone."""
-        ...
-
-    def close(self) -> None:
-        """Close this end."""
-        ...
 
 
 def socket_pair() -> tuple[socket.socket, socket.socket]:
@@ -245,8 +232,10 @@ class LoopChannel:
     """The server's end: non-blocking, read by the event loop's ``add_reader``.
 
     Each datagram is decoded and handed to ``on_message`` from the loop's own callback,
-    with no task or thread in between. ``on_close`` runs once, with the reason, when the
-    channel becomes useless: the peer closed it, or sent something that is not a message.
+    with no task or thread in between. The channel stops reading once it becomes useless,
+    and says why once: ``on_close`` with the reason when the peer closed it, or
+    ``on_protocol_error`` with the :class:`MessageError` when the peer sent something that
+    is not a message (without it, ``on_close`` hears of that too).
     """
 
     def __init__(
@@ -254,6 +243,7 @@ class LoopChannel:
         sock: socket.socket,
         on_message: Callable[[Message], None],
         on_close: Callable[[str], None],
+        on_protocol_error: Callable[[MessageError], None] | None = None,
     ) -> None:
         sock.setblocking(False)
         self._sock = sock
@@ -261,6 +251,7 @@ class LoopChannel:
         self._view = memoryview(self._buf)
         self._on_message = on_message
         self._on_close = on_close
+        self._on_protocol_error = on_protocol_error
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -285,7 +276,10 @@ class LoopChannel:
             msg = decode(self._view[:n])
         except MessageError as exc:
             self._stop_reading()
-            self._on_close(f"sent a malformed message ({exc})")
+            if self._on_protocol_error is not None:
+                self._on_protocol_error(exc)
+            else:
+                self._on_close(f"sent a malformed message ({exc})")
             return
         self._on_message(msg)
 

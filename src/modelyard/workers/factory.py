@@ -26,10 +26,10 @@ import socket
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from modelyard.workers.channel import MIN_REGION_BYTES, SharedRegion, socket_pair
+from modelyard.workers.channel import SharedRegion, socket_pair
 from modelyard.workers.forkserver import DEFAULT_PRELOAD
 from modelyard.workers.limits import BackendChoice, MemoryLimiter, detect_limiter
 from modelyard.workers.messages import (
@@ -56,7 +56,15 @@ class WorkerStartError(OSError):
 
 @dataclass(frozen=True, slots=True)
 class WorkerFactoryConfig:
-    """How workers are started and limited."""
+    """How workers are started and limited.
+
+    Not part of ``modelyard.yaml``: the server runs on the defaults. The knobs stay because
+    tests and bench scripts set them (``start_method``, ``preload``, ``watchdog_interval_s``,
+    ``stop_grace_s``), or because they are the escape hatch an operator needs first when a
+    host misbehaves (``memory_limit_backend`` when cgroup detection picks a backend that
+    fails, ``ready_timeout_s`` on a slow disk). Workers always run this interpreter
+    (``sys.executable``): the fork server must import this very modelyard.
+    """
 
     start_method: StartMethod = "fork"
     """``fork``: from the warm fork server; ``spawn``: a fresh interpreter per worker."""
@@ -68,10 +76,6 @@ class WorkerFactoryConfig:
     """How often the RSS watchdog samples a worker (rlimit backend only)."""
     stop_grace_s: float = 2.0
     """How long ``stop()`` waits for a worker to exit before SIGKILL."""
-    region_bytes: int = MIN_REGION_BYTES
-    """Initial size of each worker's shared tensor region (grown on demand)."""
-    python_executable: str = field(default_factory=lambda: sys.executable)
-    """Interpreter for the fork server and spawned workers."""
     ready_timeout_s: float = 60.0
     """How long the fork server may take to import and report ready."""
 
@@ -234,7 +238,7 @@ class WorkerFactory:
         # threads come and go.
         return subprocess.Popen(
             [
-                self.config.python_executable,
+                sys.executable,
                 "-m",
                 "modelyard.workers.forkserver",
                 "--ctl-fd",
@@ -403,7 +407,7 @@ class WorkerFactory:
         try:
             proc = subprocess.Popen(
                 [
-                    self.config.python_executable,
+                    sys.executable,
                     "-m",
                     "modelyard.workers.main",
                     "--channel-fd",

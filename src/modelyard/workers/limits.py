@@ -142,7 +142,6 @@ def _remove_group(path: Path, attempts: int = 50) -> bool:
 class _CgroupLimiter:
     """Shared logic of both cgroup versions: a child group per worker under ``base``."""
 
-    _limit_file = ""
     _events_file = ""
     _name: BackendName = "cgroup2"
 
@@ -157,7 +156,8 @@ class _CgroupLimiter:
         return self._name
 
     def _configure(self, group: Path, limit_bytes: int) -> None:
-        _write(group / self._limit_file, str(limit_bytes))
+        """Write ``limit_bytes`` into ``group``'s control files (each version its own)."""
+        raise NotImplementedError
 
     def apply(self, pid: int, limit_bytes: int) -> MemoryLimit:
         """Create ``<base>/modelyard-<server pid>-<n>``, set the limit, move ``pid`` in."""
@@ -197,7 +197,6 @@ class _CgroupLimiter:
 class Cgroup2Limiter(_CgroupLimiter):
     """cgroup v2: ``memory.max`` (and no swap) on a child group."""
 
-    _limit_file = "memory.max"
     _events_file = "memory.events"
     _name: BackendName = "cgroup2"
 
@@ -210,7 +209,6 @@ class Cgroup2Limiter(_CgroupLimiter):
 class Cgroup1Limiter(_CgroupLimiter):
     """cgroup v1: ``memory.limit_in_bytes`` (and the same for memory+swap if present)."""
 
-    _limit_file = "memory.limit_in_bytes"
     _events_file = "memory.oom_control"
     _name: BackendName = "cgroup1"
 

@@ -1,19 +1,18 @@
 """Typed messages between the server, the fork server and worker processes.
 
-Only these frozen dataclasses cross a process boundary, and never as pickles: each
-is encoded as a small JSON object (orjson) with a one-letter tag. The server never
-unpickles anything a worker sends, so a misbehaving model cannot run code in the
-server; errors come back as :class:`ErrorInfo` data and the parent rebuilds the
-exception class from its code. Tensor *data* never travels here: :class:`TensorMeta`
-only says where a tensor lies in the worker's shared-memory region.
+Only these frozen msgspec structs cross a process boundary, and never as pickles: each
+is encoded as a MessagePack array whose first item is a one-letter tag, and decoded
+against the union of the tagged types, so an unknown tag, a missing field or a field of
+the wrong type is a :class:`MessageError` (a protocol error), never a message of another
+kind. The server never unpickles anything a worker sends, so a misbehaving model cannot
+run code in the server; errors come back as :class:`ErrorInfo` data and the parent
+rebuilds the exception class from its code. Tensor *data* never travels here:
+:class:`TensorMeta` only says where a tensor lies in the worker's shared-memory region.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
-
-import orjson
+import msgspec
 
 from modelyard.runtimes.base import RuntimeSpec, TensorSpec
 
@@ -23,11 +22,10 @@ _MAX_TEXT_CHARS = 16 * 1024
 
 
 class MessageError(ValueError):
-    """A datagram that is not a valid message (unknown tag, missing field)."""
+    """A datagram that is not a valid message (unknown tag, missing or mistyped field)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ErrorInfo:
+class ErrorInfo(msgspec.Struct, frozen=True, array_like=True):
     """An error as data: a :class:`~modelyard.errors.ErrorCode` value, message, traceback."""
 
     code: str
@@ -35,8 +33,7 @@ class ErrorInfo:
     traceback_text: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class TensorMeta:
+class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
     """Where one tensor lies in the shared region.
 
     ``dtype`` is a numpy dtype string (``<f4``) for fixed-width data, or ``BYTES`` /
@@ -50,16 +47,14 @@ class TensorMeta:
     nbytes: int
 
 
-@dataclass(frozen=True, slots=True)
-class Hello:
+class Hello(msgspec.Struct, frozen=True, array_like=True, tag="h"):
     """Worker → server, once, as soon as the worker runs."""
 
     pid: int
     seq: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Load:
+class Load(msgspec.Struct, frozen=True, array_like=True, tag="l"):
     """Server → worker: load this model."""
 
     seq: int
@@ -67,8 +62,7 @@ class Load:
     memory_limit_bytes: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Loaded:
+class Loaded(msgspec.Struct, frozen=True, array_like=True, tag="L"):
     """Worker → server: the model loaded; its tensors."""
 
     seq: int
@@ -78,8 +72,7 @@ class Loaded:
     load_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class Infer:
+class Infer(msgspec.Struct, frozen=True, array_like=True, tag="i"):
     """Server → worker: run one batch whose inputs are in the region."""
 
     seq: int
@@ -87,8 +80,7 @@ class Infer:
     tensors: tuple[TensorMeta, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class InferDone:
+class InferDone(msgspec.Struct, frozen=True, array_like=True, tag="d"):
     """Worker → server: outputs are in the region (which may have grown)."""
 
     seq: int
@@ -96,23 +88,20 @@ class InferDone:
     tensors: tuple[TensorMeta, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Failed:
+class Failed(msgspec.Struct, frozen=True, array_like=True, tag="f"):
     """Worker → server: request ``seq`` (a load or a batch) failed."""
 
     seq: int
     error: ErrorInfo
 
 
-@dataclass(frozen=True, slots=True)
-class Stop:
+class Stop(msgspec.Struct, frozen=True, array_like=True, tag="x"):
     """Server → worker: close the runtime and exit."""
 
     seq: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class ForkServerReady:
+class ForkServerReady(msgspec.Struct, frozen=True, array_like=True, tag="R"):
     """Fork server → server: imports done; ``threads`` it runs (ideally 1 or ORT's idle one)."""
 
     pid: int
@@ -120,8 +109,7 @@ class ForkServerReady:
     import_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class SpawnWorker:
+class SpawnWorker(msgspec.Struct, frozen=True, array_like=True, tag="S"):
     """Server → fork server: fork a worker on the two file descriptors sent alongside
     (its channel socket and its region memfd of ``region_bytes``)."""
 
@@ -129,24 +117,21 @@ class SpawnWorker:
     region_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerSpawned:
+class WorkerSpawned(msgspec.Struct, frozen=True, array_like=True, tag="P"):
     """Fork server → server: the worker for ``token`` runs as ``pid``."""
 
     token: int
     pid: int
 
 
-@dataclass(frozen=True, slots=True)
-class SpawnFailed:
+class SpawnFailed(msgspec.Struct, frozen=True, array_like=True, tag="F"):
     """Fork server → server: the fork for ``token`` failed."""
 
     token: int
     message: str
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerExited:
+class WorkerExited(msgspec.Struct, frozen=True, array_like=True, tag="E"):
     """Fork server → server: a worker was reaped; ``returncode`` as subprocess reports it."""
 
     pid: int
@@ -168,6 +153,10 @@ Message = (
     | WorkerExited
 )
 
+_MESSAGE_TYPES = Message.__args__
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
+
 
 def _clip(text: str) -> str:
     if len(text) <= _MAX_TEXT_CHARS:
@@ -176,90 +165,24 @@ def _clip(text: str) -> str:
     return f"{text[:half]}\n... [{len(text) - _MAX_TEXT_CHARS} characters cut] ...\n{text[-half:]}"
 
 
-def _tensors_out(tensors: tuple[TensorMeta, ...]) -> list[list[object]]:
-    return [[t.name, t.dtype, t.shape, t.offset, t.nbytes] for t in tensors]
-
-
-def _tensors_in(rows: list[list[Any]]) -> tuple[TensorMeta, ...]:
-    return tuple(TensorMeta(r[0], r[1], tuple(r[2]), r[3], r[4]) for r in rows)
-
-
-def _specs_out(specs: tuple[TensorSpec, ...]) -> list[list[object]]:
-    return [[s.name, s.datatype, s.shape] for s in specs]
-
-
-def _specs_in(rows: list[list[Any]]) -> tuple[TensorSpec, ...]:
-    return tuple(TensorSpec(r[0], r[1], tuple(r[2])) for r in rows)
-
-
-def _to_wire(msg: Message) -> dict[str, object]:
-    if isinstance(msg, Infer):
-        return {"t": "i", "s": msg.seq, "r": msg.region_bytes, "ts": _tensors_out(msg.tensors)}
-    if isinstance(msg, InferDone):
-        return {"t": "d", "s": msg.seq, "r": msg.region_bytes, "ts": _tensors_out(msg.tensors)}
+def _clipped(msg: Message) -> Message:
+    """``msg`` with its free texts (tracebacks, messages) cut to fit one datagram."""
     if isinstance(msg, Failed):
         e = msg.error
-        return {"t": "f", "s": msg.seq, "e": [e.code, _clip(e.message), _clip(e.traceback_text)]}
-    if isinstance(msg, Hello):
-        return {"t": "h", "s": msg.seq, "pid": msg.pid}
-    if isinstance(msg, Load):
-        return {"t": "l", "s": msg.seq, "spec": asdict(msg.spec), "lim": msg.memory_limit_bytes}
-    if isinstance(msg, Loaded):
-        return {
-            "t": "L",
-            "s": msg.seq,
-            "in": _specs_out(msg.inputs),
-            "out": _specs_out(msg.outputs),
-            "b": msg.supports_batching,
-            "ls": msg.load_s,
-        }
-    if isinstance(msg, Stop):
-        return {"t": "x", "s": msg.seq}
-    if isinstance(msg, ForkServerReady):
-        return {"t": "R", "pid": msg.pid, "th": msg.threads, "is": msg.import_s}
-    if isinstance(msg, SpawnWorker):
-        return {"t": "S", "k": msg.token, "r": msg.region_bytes}
-    if isinstance(msg, WorkerSpawned):
-        return {"t": "P", "k": msg.token, "pid": msg.pid}
+        return Failed(msg.seq, ErrorInfo(e.code, _clip(e.message), _clip(e.traceback_text)))
     if isinstance(msg, SpawnFailed):
-        return {"t": "F", "k": msg.token, "m": _clip(msg.message)}
-    return {"t": "E", "pid": msg.pid, "rc": msg.returncode}
-
-
-def _from_wire(d: dict[str, Any]) -> Message:
-    t = d["t"]
-    if t == "i":
-        return Infer(d["s"], d["r"], _tensors_in(d["ts"]))
-    if t == "d":
-        return InferDone(d["s"], d["r"], _tensors_in(d["ts"]))
-    if t == "f":
-        code, message, tb = d["e"]
-        return Failed(d["s"], ErrorInfo(code, message, tb))
-    if t == "h":
-        return Hello(d["pid"], d["s"])
-    if t == "l":
-        spec = dict(d["spec"])
-        return Load(d["s"], RuntimeSpec(**spec), d["lim"])
-    if t == "L":
-        return Loaded(d["s"], _specs_in(d["in"]), _specs_in(d["out"]), d["b"], d["ls"])
-    if t == "x":
-        return Stop(d["s"])
-    if t == "R":
-        return ForkServerReady(d["pid"], d["th"], d["is"])
-    if t == "S":
-        return SpawnWorker(d["k"], d["r"])
-    if t == "P":
-        return WorkerSpawned(d["k"], d["pid"])
-    if t == "F":
-        return SpawnFailed(d["k"], d["m"])
-    if t == "E":
-        return WorkerExited(d["pid"], d["rc"])
-    raise MessageError(f"unknown message tag {t!r}")
+        return SpawnFailed(msg.token, _clip(msg.message))
+    return msg
 
 
 def encode(msg: Message) -> bytes:
-    """One datagram; raises MessageError past :data:`MAX_MESSAGE_BYTES`."""
-    data = orjson.dumps(_to_wire(msg))
+    """One datagram; MessageError for anything not a message or past :data:`MAX_MESSAGE_BYTES`."""
+    kind = type(msg)
+    if kind is not Infer and kind is not InferDone:  # the hot pair carries no free text
+        if not isinstance(msg, _MESSAGE_TYPES):
+            raise MessageError(f"{kind.__name__} is not a message")
+        msg = _clipped(msg)
+    data = _ENCODER.encode(msg)
     if len(data) > MAX_MESSAGE_BYTES:
         raise MessageError(f"{type(msg).__name__} message is {len(data)} bytes, over the limit")
     return data
@@ -268,9 +191,6 @@ def encode(msg: Message) -> bytes:
 def decode(data: bytes | bytearray | memoryview) -> Message:
     """The message in one datagram; MessageError when it is not one."""
     try:
-        obj = orjson.loads(data)
-        return _from_wire(obj)
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
-        if isinstance(exc, MessageError):
-            raise
-        raise MessageError(f"malformed message: {type(exc).__name__}: {exc}") from None
+        return _DECODER.decode(data)
+    except msgspec.DecodeError as exc:
+        raise MessageError(f"malformed message: {exc}") from None

@@ -63,6 +63,7 @@ from modelyard.workers.messages import (
     Load,
     Loaded,
     Message,
+    MessageError,
     Stop,
 )
 
@@ -205,9 +206,11 @@ class ProcessInstance:
         )
 
     async def _launch(self, loop: asyncio.AbstractEventLoop) -> None:
-        region = self._region = SharedRegion.create(self._factory.config.region_bytes)
+        region = self._region = SharedRegion.create()  # grown on demand
         ours, theirs = socket_pair()
-        self._channel = LoopChannel(ours, self._on_message, self._on_channel_closed)
+        self._channel = LoopChannel(
+            ours, self._on_message, self._on_channel_closed, self._on_protocol_error
+        )
         self._in_flight = 0  # the worker's Hello
         try:
             handle = await self._factory.launch(theirs, region)
@@ -357,6 +360,23 @@ class ProcessInstance:
         # still running after a grace period, it is of no use any more.
         if self._loop is not None:
             self._loop.call_later(_EOF_GRACE_S, self._kill_lingering, why)
+
+    def _on_protocol_error(self, exc: MessageError) -> None:
+        # A worker that sends something other than a message cannot be trusted with the
+        # next one: the request waiting on it fails now with a protocol error (a server
+        # fault, not the model's), and the worker is killed and restarted.
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(
+                InternalError(
+                    f"the worker (pid {self.pid}) of model {self._name!r} broke the message "
+                    f"protocol ({exc}); it is being restarted"
+                )
+            )
+        handle = self._handle
+        if handle is not None and not handle.exited.done() and not self._stopping:
+            self._kill_reason = self._kill_reason or f"killed because it sent {exc}"
+            handle.kill()
 
     def _kill_lingering(self, why: str) -> None:
         handle = self._handle

@@ -78,6 +78,26 @@ async def test_a_crash_fails_the_call_with_the_reason(
         await instance.infer(_crash_inputs(0), timeout_s=1.0)
 
 
+async def test_a_datagram_that_is_no_message_is_a_protocol_error_not_a_crash(
+    start_instance: Starter,
+) -> None:
+    instance = await start_instance(fault_spec("CrashingModel"))
+    reasons: list[str] = []
+    instance.set_exit_callback(reasons.append)
+    started = time.monotonic()
+
+    with pytest.raises(InternalError, match=r"broke the message protocol .*Invalid value '\?'"):
+        await instance.infer(_crash_inputs(fault_models.GARBLE), timeout_s=10.0)
+
+    assert time.monotonic() - started < PROMPT_S
+    deadline = time.monotonic() + PROMPT_S
+    while instance.is_alive and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert not instance.is_alive, "a worker that broke the protocol must not serve again"
+    assert len(reasons) == 1
+    assert "malformed message" in reasons[0]
+
+
 async def test_sigkill_fails_every_waiting_call_promptly_and_fires_the_callback_once(
     start_instance: Starter,
 ) -> None:

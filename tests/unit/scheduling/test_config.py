@@ -68,16 +68,25 @@ def test_is_batching(config: SchedulerConfig, is_batching: bool) -> None:
     assert config.is_batching is is_batching
 
 
-def test_from_model_config_converts_units() -> None:
-    model = ModelConfig(
-        name="m",
-        path="m",
-        max_batch_size=16,
-        max_queue_delay_us=2500,
-        preferred_batch_sizes=[4, 8],
-        latency_slo_ms=50,
-        max_queue_size=64,
-        priority=2,
+@pytest.mark.parametrize(
+    "units",
+    [
+        {"max_queue_delay_us": 2500, "latency_slo_ms": 50},
+        {"max_queue_delay_s": 0.0025, "latency_slo_s": 0.05},
+    ],
+    ids=["older-names", "seconds"],
+)
+def test_from_model_config_converts_units(units: dict[str, float]) -> None:
+    model = ModelConfig.model_validate(
+        {
+            "name": "m",
+            "path": "m",
+            "max_batch_size": 16,
+            "preferred_batch_sizes": [4, 8],
+            "max_queue_size": 64,
+            "priority": 2,
+            **units,
+        }
     )
     config = SchedulerConfig.from_model_config(model, supports_batching=False, max_concurrency=3)
     assert config.max_batch_size == 16

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import msgspec
 import pytest
 
 from modelyard.runtimes.base import RuntimeSpec, TensorSpec
@@ -63,10 +66,41 @@ def test_long_tracebacks_are_clipped_to_fit_a_datagram() -> None:
 
 
 @pytest.mark.parametrize(
-    "data",
-    [b"not json", b'{"t": "?"}', b'{"t": "i", "s": 1}', b"[1, 2]"],
-    ids=["not-json", "unknown-tag", "missing-field", "not-an-object"],
+    ("data", "why"),
+    [
+        (b"not json", "malformed message"),
+        (b'{"t": "?"}', "malformed message"),
+        (msgspec.msgpack.encode(["?", 1]), "Invalid value '?'"),
+        (msgspec.msgpack.encode(["i", 1]), "at least length 4"),
+        (msgspec.msgpack.encode(["i", 1, "big", []]), "Expected `int`, got `str`"),
+        (msgspec.msgpack.encode(["d", 1, 2, [["y", "<f4", [2], 0]]]), "length 5"),
+        (msgspec.msgpack.encode({"t": "i"}), "Expected `array`"),
+        (b"", "malformed message"),
+    ],
+    ids=[
+        "not-msgpack",
+        "json",
+        "unknown-tag",
+        "missing-field",
+        "mistyped-field",
+        "short-tensor-meta",
+        "not-an-array",
+        "empty",
+    ],
 )
-def test_malformed_datagrams_raise_message_error(data: bytes) -> None:
-    with pytest.raises(MessageError):
+def test_malformed_datagrams_raise_message_error(data: bytes, why: str) -> None:
+    with pytest.raises(MessageError, match=re.escape(why)):
         decode(data)
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_no_two_messages_share_a_tag_and_none_decodes_as_another(msg: Message) -> None:
+    tags = [type(m).__struct_config__.tag for m in MESSAGES]
+    assert len(set(tags)) == len({type(m) for m in MESSAGES})
+    assert type(decode(encode(msg))) is type(msg)
+
+
+@pytest.mark.parametrize("thing", [TensorMeta("x", "<f4", (1,), 0, 4), {"t": "i"}, None])
+def test_encoding_something_that_is_no_message_is_refused(thing: object) -> None:
+    with pytest.raises(MessageError, match="is not a message"):
+        encode(thing)  # type: ignore[arg-type]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -16,10 +15,10 @@ import grpc
 
 from modelyard.errors import (
     DeadlineExceededError,
-    ErrorCode,
     InvalidInputError,
     NotSupportedError,
     ServerError,
+    retry_after_value,
 )
 from modelyard.frontends.grpc.convert import (
     request_from_proto,
@@ -46,14 +45,6 @@ Context = grpc.aio.ServicerContext[Any, Any]
 _Self = TypeVar("_Self")
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
-
-# Codes whose clients should back off and retry; mirrors the REST Retry-After header.
-_RETRY_LATER = (
-    ErrorCode.OVERLOADED,
-    ErrorCode.MEMORY_BUDGET,
-    ErrorCode.CIRCUIT_OPEN,
-    ErrorCode.MODEL_LOAD_FAILED,
-)
 
 
 class DataPlaneProtocol(Protocol):
@@ -87,11 +78,8 @@ class DataPlaneProtocol(Protocol):
 
 
 def _retry_metadata(exc: ServerError) -> tuple[tuple[str, str], ...]:
-    if exc.retry_after_s is not None:
-        return (("retry-after", str(max(1, math.ceil(exc.retry_after_s)))),)
-    if exc.code in _RETRY_LATER:
-        return (("retry-after", "1"),)
-    return ()
+    retry_after = retry_after_value(exc)
+    return () if retry_after is None else (("retry-after", retry_after),)
 
 
 def _translated(

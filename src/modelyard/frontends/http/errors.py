@@ -7,14 +7,13 @@ calls it directly, every Starlette route through :func:`guarded`.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Awaitable, Callable
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from modelyard.errors import ErrorCode, InternalError, ServerError
+from modelyard.errors import ErrorCode, InternalError, ServerError, retry_after_value
 
 log = logging.getLogger("modelyard.http")
 
@@ -44,15 +43,8 @@ HTTP_STATUS: dict[ErrorCode, int] = {
 def error_response(exc: ServerError) -> Response:
     """``{"error": message}`` with the code's status and, when retryable, Retry-After."""
     headers = {"content-type": "application/json"}
-    if exc.retry_after_s is not None:
-        headers["retry-after"] = str(max(1, math.ceil(exc.retry_after_s)))
-    elif exc.code in (
-        ErrorCode.OVERLOADED,
-        ErrorCode.MEMORY_BUDGET,
-        ErrorCode.CIRCUIT_OPEN,
-        ErrorCode.MODEL_LOAD_FAILED,
-    ):
-        headers["retry-after"] = "1"
+    if (retry_after := retry_after_value(exc)) is not None:
+        headers["retry-after"] = retry_after
     if exc.code is ErrorCode.UNAUTHENTICATED:
         # RFC 6750: a 401 names the scheme the client should use.
         headers["www-authenticate"] = 'Bearer realm="modelyard"'

@@ -72,8 +72,8 @@ class RouteLimits:
     def __init__(self, app: ASGIApp, data_limit: int, control_limit: int) -> None:
         self.app = app
         """The app both limits wrap (the Starlette routes)."""
-        self.data = BodyLimit(app, data_limit, "max_request_bytes")
-        self.control = BodyLimit(app, control_limit, "limits.max_control_body_bytes")
+        self.data = BodyLimit(app, data_limit, "max_request_mb")
+        self.control = BodyLimit(app, control_limit, "limits.max_control_body_mb")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app under the limit of the request's route."""

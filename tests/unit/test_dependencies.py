@@ -1,0 +1,28 @@
+"""The server runs without the ``bench`` extra (aiohttp): only ``modelyard bench`` needs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+_WITHOUT_AIOHTTP = """
+import sys
+sys.modules["aiohttp"] = None  # any import of it now raises ImportError
+import modelyard.app, modelyard.frontends.http.app, modelyard.frontends.grpc.server
+from modelyard.cli import build_parser
+sub = next(a for a in build_parser()._actions if a.dest == "command")
+print(sorted(sub.choices))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter importing the whole server: seconds
+def test_the_server_and_cli_import_without_aiohttp() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_AIOHTTP], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    verbs = done.stdout
+    assert "'serve'" in verbs
+    assert "'bench'" not in verbs, "bench is offered only when its extra is installed"
