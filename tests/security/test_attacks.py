@@ -372,7 +372,7 @@ ATTACKS = [
         declared_length=300 * 1024 * 1024,
         status=413,
         grpc_code=None,
-        error="max_control_body_bytes",
+        error="max_control_body_mb",
     ),
     Attack(
         "2-MB-load-body",
@@ -381,7 +381,7 @@ ATTACKS = [
         declared_length=2 << 20,
         status=413,
         grpc_code=None,
-        error="max_control_body_bytes",
+        error="max_control_body_mb",
     ),
 ]
 
@@ -541,7 +541,7 @@ async def test_a_chunked_admin_body_over_the_limit_is_refused(site: Site) -> Non
 
     r = await site.http.post("/v2/repository/models/add/aliases/blue", content=chunks())
     assert r.status_code == 413
-    assert "max_control_body_bytes" in r.json()["error"]
+    assert "max_control_body_mb" in r.json()["error"]
     await assert_still_serving(site)
 
 
