@@ -68,7 +68,7 @@ def test_batch_hook_observes_batch_queue_and_compute(
 ) -> None:
     hook = metrics.batch_hook("m", "2")
     hook(6, [0.001, 0.002, 0.003], 0.050)
-    metrics.batch_done("m", "2", 1, 0.010)
+    hook(1, [], 0.010)  # a batch whose request waited in no queue
     mv = {"model": "m", "version": "2"}
     assert value(registry, "modelyard_scheduler_batch_size_rows_count", **mv) == 2
     assert value(registry, "modelyard_scheduler_batch_size_rows_sum", **mv) == 7

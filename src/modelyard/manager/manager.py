@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from modelyard.clock import Clock, MonotonicClock
@@ -339,7 +338,3 @@ class ModelManager:
             f"after {record.key.name} (p={guess.probability:.2f} over {guess.observations})",
         )
         target.load_task = self.tasks.spawn(self._loader.load(target, prefetch=True))
-
-    def model_path(self, name: str) -> Path:
-        """Folder of a configured model."""
-        return self.entry(name).path

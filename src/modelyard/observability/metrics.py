@@ -207,12 +207,6 @@ class Metrics:
             m.compute_seconds.observe(compute_s)
         m.recent.request(int(self._clock.monotonic()), total_s, is_error=code != OK)
 
-    def batch_done(self, model: str, version: str, batch_size: int, compute_s: float) -> None:
-        """One model call of ``batch_size`` rows took ``compute_s``."""
-        m = self._of(model, version)
-        m.batch_rows.observe(batch_size)
-        m.batch_compute_seconds.observe(compute_s)
-
     def batch_hook(self, model: str, version: str) -> BatchHook:
         """The scheduler's ``on_batch`` for one model version: batch, queue and compute."""
         m = self._of(model, version)

@@ -13,18 +13,10 @@ from typing import Protocol
 
 import numpy as np
 
+from modelyard.protocol.types import TensorMetadata
 
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """Name, Open Inference Protocol datatype and shape (``-1`` = any size) of a tensor."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-
-    def to_dict(self) -> dict[str, object]:
-        """The protocol's metadata form: ``{"name", "datatype", "shape"}``."""
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+TensorSpec = TensorMetadata
+"""A runtime's tensor: the protocol's :class:`TensorMetadata` (one type on both sides)."""
 
 
 @dataclass(frozen=True, slots=True)
