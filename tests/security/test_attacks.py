@@ -281,6 +281,14 @@ ATTACKS = [
     ),
     Attack("unknown-device", "load", "m3", {"device": "cuda:7"}, error="does not have"),
     Attack(
+        "a-thread-per-request-worth-of-threads",
+        "load",
+        "m2",
+        {"intra_op_threads": 100_000},
+        error="'intra_op_threads' over",
+    ),
+    Attack("a-queue-the-size-of-ram", "load", "m2", {"max_queue_size": 10**9}, error="queue"),
+    Attack(
         "default-version-that-does-not-exist",
         "load",
         "m4",

@@ -10,6 +10,7 @@ are not checked here: they may point anywhere.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ TUNING_FIELDS = frozenset(
         "max_queue_size",
         "timeout_s",
         "timeout_ms",
+        "load_timeout_s",
+        "load_timeout_ms",
         "share_weights",
         "intra_op_threads",
         "device",
@@ -43,6 +46,11 @@ TUNING_FIELDS = frozenset(
 )
 """Fields a remote config may always set: they change how a model is served, not what
 runs. A field added to ModelConfig later is refused until it is listed here."""
+
+REMOTE_MAX_THREADS = os.cpu_count() or 1
+"""Most intra-op threads a remote config may ask for: one per core of the host."""
+REMOTE_MAX_QUEUE = 65_536
+"""Largest queue a remote config may ask for (the YAML may set any size)."""
 
 GATED_FIELDS = frozenset(
     {"name", "path", "priority", "pinned", "trusted", "isolation", "class", "python_class"}
@@ -117,6 +125,12 @@ def check_config(
             f"'priority: {config.priority}' (more important than {policy.min_priority}, "
             "remote_load.min_priority)"
         )
+    # Tuning fields stay tuning: a remote config may not size a queue or a thread pool
+    # so large that one load request exhausts the host's memory or threads.
+    if config.intra_op_threads > REMOTE_MAX_THREADS:
+        refused.append(f"'intra_op_threads' over {REMOTE_MAX_THREADS} (the host's cores)")
+    if config.max_queue_size > REMOTE_MAX_QUEUE:
+        refused.append(f"'max_queue_size' over {REMOTE_MAX_QUEUE}")
     if not folder.is_relative_to(own_folder) and not policy.allow_other_folder:
         refused.append(
             "a 'path' other than the model's own folder (remote_load.allow_other_folder)"
