@@ -9,7 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, 
 
 from modelyard.config.units import OldName, from_old_names
 
-RuntimeKind = Literal["onnx", "sklearn", "python", "torch"]
+RuntimeKind = Literal[
+    "onnx", "sklearn", "python", "torch", "xgboost", "lightgbm", "mlflow", "huggingface"
+]
 Isolation = Literal["process", "inline"]
 
 

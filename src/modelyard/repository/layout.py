@@ -57,16 +57,52 @@ _RUNTIME_BY_SUFFIX = (
     (".joblib", "sklearn"),
     (".pt", "torch"),
     (".pt2", "torch"),
+    (".ubj", "xgboost"),
 )
 
 
+def _head(path: Path, size: int = 256) -> bytes:
+    try:
+        with path.open("rb") as f:
+            return f.read(size)
+    except OSError:
+        return b""
+
+
+def _runtime_by_content(folder: Path, names: list[str]) -> str | None:
+    """Runtimes whose files are known by a marker file or by their first bytes.
+
+    ``.json`` and ``.txt`` are too common to decide by suffix alone: an XGBoost JSON
+    booster starts with its ``learner`` object and a LightGBM text model with ``tree``.
+    """
+    if "MLmodel" in names:
+        return "mlflow"
+    if "config.json" in names and any(
+        n.startswith(("tokenizer", "vocab")) or n == "preprocessor_config.json" for n in names
+    ):
+        return "huggingface"
+    for name in names:
+        head = _head(folder / name)
+        if name.endswith(".json") and head.lstrip().startswith(b'{"learner"'):
+            return "xgboost"
+        if name.endswith(".txt") and head.startswith(b"tree\nversion="):
+            return "lightgbm"
+    return None
+
+
 def guess_runtime(model_dir: Path) -> str:
-    """The runtime for a model folder's newest version, from its file names (default onnx)."""
+    """The runtime for a model folder's newest version, from its files (default onnx)."""
     versions = list_versions(model_dir)
     if not versions:
         return "onnx"
-    names = [p.name for p in version_dir(model_dir, versions[-1]).iterdir() if p.is_file()]
+    folder = version_dir(model_dir, versions[-1])
+    names = sorted(p.name for p in folder.iterdir() if p.is_file())
+    by_content = _runtime_by_content(folder, names)
+    if by_content:
+        return by_content
     for suffix, runtime in _RUNTIME_BY_SUFFIX:
         if any(n.endswith(suffix) for n in names):
             return runtime
+    if any(n.endswith(".safetensors") for n in names):
+        return "torch"
     return "onnx"
