@@ -14,6 +14,7 @@ flavour; the default ``auto`` takes the first native flavour that applies.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +187,10 @@ class MLflowRuntime:
                 "custom classes); set 'trusted: true' only if you made this model"
             )
         try:
-            import mlflow.pyfunc
+            with warnings.catch_warnings():
+                # MLflow warns about its own type hints on import; nothing a user can fix.
+                warnings.simplefilter("ignore")
+                import mlflow.pyfunc
         except ImportError as exc:
             raise ModuleNotFoundError(missing_mlflow_message(model)) from exc
         try:

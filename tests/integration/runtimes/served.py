@@ -53,9 +53,7 @@ async def infer(
     body = {"inputs": [tensor(k, v) for k, v in inputs.items()]}
     r = await client.post(f"/v2/models/{model}/infer", json=body)
     assert r.status_code == 200, r.text
-    return {
-        out["name"]: np.array(out["data"]).reshape(out["shape"]) for out in r.json()["outputs"]
-    }
+    return {out["name"]: np.array(out["data"]).reshape(out["shape"]) for out in r.json()["outputs"]}
 
 
 async def triton_metadata(app: App, model: str) -> dict[str, Any]:
