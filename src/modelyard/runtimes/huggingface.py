@@ -94,7 +94,6 @@ class HuggingFaceRuntime(DeclaredTensors):
             model=str(folder),
             tokenizer=str(folder),
             device=spec.device,
-            model_kwargs={"local_files_only": True},
             **kwargs,
         )
         text = TensorSpec("text", "BYTES", (-1,))
