@@ -131,6 +131,8 @@ class TorchRuntime(DeclaredTensors):
         if path.suffix == ".pt2":
             program = torch.export.load(str(path))
             derived = exported_specs(program)
+            # An exported program's module has no train/eval modes (eval() raises): the
+            # program was captured in whatever mode it was exported in.
             self._module = program.module()
         elif path.suffix == ".safetensors":
             self._module = self._state_dict_module(spec, path).to(spec.device)
@@ -150,7 +152,8 @@ class TorchRuntime(DeclaredTensors):
                 [TensorSpec(n, "FP32", (-1, -1)) for n in names],
                 [TensorSpec("output", "FP32", (-1, -1))],
             )
-        self._module.eval()
+        if path.suffix != ".pt2":
+            self._module.eval()
         opts = spec.options
         self._inputs = _parse_specs(opts["inputs"]) if "inputs" in opts else derived[0]
         self._outputs = _parse_specs(opts["outputs"]) if "outputs" in opts else derived[1]
