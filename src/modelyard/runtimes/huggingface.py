@@ -74,8 +74,9 @@ class HuggingFaceRuntime(DeclaredTensors):
         import transformers
 
         # Logs, not progress bars: a worker's stderr goes to the server's log.
-        transformers.utils.logging.disable_progress_bar()
-        transformers.utils.logging.set_verbosity_error()
+        hf_logging: Any = transformers.utils.logging  # untyped functions
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
         torch.set_num_threads(spec.intra_op_threads)
         folder = Path(spec.version_dir)
         config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
@@ -89,7 +90,9 @@ class HuggingFaceRuntime(DeclaredTensors):
         kwargs: dict[str, Any] = {}
         if self.task == "token-classification":
             kwargs["aggregation_strategy"] = self._aggregation
-        self._pipe = transformers.pipeline(
+        # pipeline()'s overloads want a literal task; this one is checked against TASKS.
+        build: Any = transformers.pipeline
+        self._pipe = build(
             self.task,
             model=str(folder),
             tokenizer=str(folder),

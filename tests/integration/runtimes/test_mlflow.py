@@ -178,7 +178,7 @@ async def test_served_mlflow_models_answer_like_mlflow(
     repo: Path, iris: tuple[np.ndarray, np.ndarray], tmp_path: Path
 ) -> None:
     x = iris[0][::5]
-    models = [
+    models: list[dict[str, Any]] = [
         # Preloaded: a worker importing MLflow can take longer than one HTTP timeout here.
         {
             "name": "sk-columns",

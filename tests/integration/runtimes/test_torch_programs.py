@@ -3,6 +3,7 @@ torch's and safetensors' own save functions; results equal the module's own outp
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     weights.mkdir(parents=True)
     (weights / "net.py").write_text(NET_SOURCE, encoding="utf-8")
     sys.path.insert(0, str(weights))
-    import net
+    net = importlib.import_module("net")  # written into the version folder above
 
     torch.manual_seed(0)
     module = net.Net().eval()
@@ -67,7 +68,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _reference(repo: Path, x: np.ndarray) -> np.ndarray:
-    import net
+    net = importlib.import_module("net")  # written by the repo fixture
 
     module = net.Net().eval()
     module.load_state_dict(

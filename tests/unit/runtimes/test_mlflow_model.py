@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,8 @@ from modelyard.runtimes.mlflow_model import (
 
 def _write(
     folder: Path,
-    flavors: dict[str, object],
-    signature: dict[str, object] | None = None,
+    flavors: Mapping[str, object],
+    signature: Mapping[str, object] | None = None,
     requirements: str = "mlflow==2.9.2\nscikit-learn==1.4.0\n",
 ) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
