@@ -63,6 +63,7 @@ def test_outputs_equal_lightgbm_predictions(
     assert guess_runtime(model_dir) == "lightgbm"
 
 
+@pytest.mark.slow  # a server and a worker importing the library: several seconds
 async def test_served_booster_answers_like_lightgbm(
     boosters: dict[str, tuple[Any, np.ndarray, Path]], tmp_path: Path
 ) -> None:

@@ -17,6 +17,7 @@ from tests.integration.runtimes.served import (  # noqa: E402
     infer,
     load_inline,
     serving,
+    tensor,
     tensors_of,
     triton_metadata,
 )
@@ -63,6 +64,7 @@ def test_outputs_equal_xgboost_predictions(
     assert guess_runtime(model_dir) == "xgboost"
 
 
+@pytest.mark.slow  # a server and a worker importing the library: several seconds
 async def test_served_booster_answers_like_xgboost(
     boosters: dict[str, tuple[Any, np.ndarray, Path]], tmp_path: Path
 ) -> None:
@@ -71,6 +73,13 @@ async def test_served_booster_answers_like_xgboost(
     async with serving(model_dir.parent, models, tmp_path) as (app, client):
         out = await infer(client, "iris-xgb", {"input": x})
         meta = await triton_metadata(app, "iris-xgb")
+        # A wrong feature count is the client's error, named, and the model keeps serving.
+        wrong = {"inputs": [tensor("input", x[:, :3])]}
+        bad = await client.post("/v2/models/iris-xgb/infer", json=wrong)
+        again = await infer(client, "iris-xgb", {"input": x[:2]})
+    assert bad.status_code == 400, bad.text
+    assert "input" in bad.json()["error"]
+    np.testing.assert_array_equal(again["predict"], est.predict(x[:2]))
     np.testing.assert_array_equal(out["predict"], est.predict(x))
     np.testing.assert_allclose(out["predict_proba"], est.predict_proba(x), rtol=1e-6)
     assert tensors_of(meta, "inputs") == [("input", "FP32", [-1, 4])]
