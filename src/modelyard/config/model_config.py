@@ -114,7 +114,8 @@ class ModelConfig(BaseModel):
     trusted: bool = False
     """Allow raw pickle files (scikit-learn); never set this for files you did not make."""
     python_class: str | None = Field(default=None, alias="class")
-    """``module:Class`` of a user model (``runtime: python``)."""
+    """``module:Class`` of a user model (``runtime: python``), or the module class a
+    safetensors state dict is loaded into (``runtime: torch``)."""
     share_weights: bool = False
     """Memory-map ONNX external-data weights so replicas share them."""
     intra_op_threads: PositiveInt = 1

@@ -24,14 +24,16 @@ class RuntimeSpec:
     """Everything a runtime needs to load one model version; picklable plain data."""
 
     kind: str
-    """Runtime name: ``onnx``, ``sklearn``, ``python`` (``torch`` with the extra)."""
+    """Runtime name: ``onnx``, ``sklearn``, ``python``; with their extras ``torch``,
+    ``xgboost``, ``lightgbm``, ``mlflow``, ``huggingface``."""
     version_dir: str
     """Folder of the version to load (``<repo>/<model>/<version>``)."""
     model_name: str = ""
     trusted: bool = False
     """Allow raw pickle files (scikit-learn); off unless the config says so."""
     python_class: str | None = None
-    """``module:Class`` of a user model for the ``python`` runtime."""
+    """``module:Class`` of a user model (``python``), or of the module a safetensors
+    state dict belongs to (``torch``)."""
     intra_op_threads: int = 1
     """ONNX Runtime intra-op threads; 1 keeps many models from fighting over cores."""
     share_weights: bool = False

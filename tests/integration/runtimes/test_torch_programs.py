@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ class Net(torch.nn.Module):
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """``exported`` (.pt2), ``scripted`` (.pt) and ``weights`` (.safetensors + net.py)."""
     root = tmp_path_factory.mktemp("torch")
     weights = root / "weights" / "1"
@@ -64,7 +65,11 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.export.save(program, root / "exported" / "1" / "model.pt2")
     (root / "scripted" / "1").mkdir(parents=True)
     torch.jit.script(module).save(str(root / "scripted" / "1" / "model.pt"))
-    return root
+    yield root
+    # The runtime put the folder on sys.path too (as a worker does): leave no trace.
+    while str(weights) in sys.path:
+        sys.path.remove(str(weights))
+    sys.modules.pop("net", None)
 
 
 def _reference(repo: Path, x: np.ndarray) -> np.ndarray:
