@@ -77,6 +77,14 @@ async def test_served_booster_answers_like_xgboost(
         wrong = {"inputs": [tensor("input", x[:, :3])]}
         bad = await client.post("/v2/models/iris-xgb/infer", json=wrong)
         again = await infer(client, "iris-xgb", {"input": x[:2]})
+        # A folder the YAML does not declare: its runtime is recognised from the .ubj file.
+        loaded = await client.post("/v2/repository/models/binary-ubj/load")
+        binary_est, binary_x, _ = boosters["binary-ubj"]
+        binary = await infer(client, "binary-ubj", {"input": binary_x})
+    assert loaded.status_code == 200, loaded.text
+    np.testing.assert_allclose(
+        binary["predict_proba"], binary_est.predict_proba(binary_x), rtol=1e-6
+    )
     assert bad.status_code == 400, bad.text
     assert "input" in bad.json()["error"]
     np.testing.assert_array_equal(again["predict"], est.predict(x[:2]))
