@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from modelyard.protocol.datatypes import numpy_dtype
+from modelyard.protocol.datatypes import numpy_dtype, v2_datatype
 from modelyard.runtimes.base import Runtime, RuntimeSpec, TensorSpec
 from modelyard.runtimes.lightgbm import is_lightgbm_model
 from modelyard.runtimes.mlflow_model import (
@@ -92,7 +92,8 @@ class _Pyfunc:
             # No output signature: one probe call on generated inputs says what comes back.
             probe = self._convert(self._predict(make_warmup_inputs(self.inputs)), [])
             self.outputs = [
-                TensorSpec(name, _v2(arr), (-1, *arr.shape[1:])) for name, arr in probe.items()
+                TensorSpec(name, v2_datatype(arr.dtype), (-1, *arr.shape[1:]))
+                for name, arr in probe.items()
             ]
 
     def _predict(self, inputs: dict[str, np.ndarray]) -> Any:
@@ -122,12 +123,6 @@ class _Pyfunc:
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._convert(self._predict(inputs), self.outputs)
-
-
-def _v2(arr: np.ndarray) -> str:
-    from modelyard.protocol.datatypes import v2_datatype
-
-    return v2_datatype(arr.dtype)
 
 
 class MLflowRuntime:

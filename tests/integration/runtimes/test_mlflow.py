@@ -72,6 +72,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory, iris: tuple[np.ndarray, np.nd
         signature=infer_signature(frame, logreg.predict(x)),
         pip_requirements=PIN,
     )
+    mlflow.sklearn.save_model(
+        logreg, root / "sk-no-output" / "1", signature=infer_signature(frame), pip_requirements=PIN
+    )
     booster = xgboost.XGBClassifier(n_estimators=6, max_depth=3, n_jobs=1).fit(x, y)
     mlflow.xgboost.save_model(
         booster,
@@ -118,11 +121,9 @@ def test_native_flavour_runs_on_modelyard_runtime(
         reference = _pyfunc_predict(repo / model / "1", x)
         np.testing.assert_allclose(out["predict_proba"], reference, rtol=1e-9)
     elif model == "onnx":
-        frame = pd.DataFrame({"input": list(x.astype(np.float32))})
         loaded = mlflow.pyfunc.load_model(str(repo / model / "1"))
         reference = loaded.predict({"input": x.astype(np.float32)})
         np.testing.assert_array_equal(out["label"], np.asarray(reference["label"]))
-        del frame
     else:
         reference = _pyfunc_predict(repo / model / "1", pd.DataFrame(x, columns=COLUMNS))
         np.testing.assert_array_equal(out["predict"], reference)
@@ -149,6 +150,18 @@ def test_pyfunc_signature_becomes_metadata_and_answers_like_mlflow(
     assert [(t.name, t.datatype, t.shape) for t in runtime.outputs] == [("predict", "INT64", (-1,))]
     out = runtime.infer({c: x[:, i] for i, c in enumerate(COLUMNS)})
     reference = _pyfunc_predict(repo / "sk-columns" / "1", pd.DataFrame(x, columns=COLUMNS))
+    np.testing.assert_array_equal(out["predict"], reference)
+
+
+def test_pyfunc_without_output_signature_is_described_from_one_call(
+    repo: Path, iris: tuple[np.ndarray, np.ndarray]
+) -> None:
+    folder = repo / "sk-no-output" / "1"
+    runtime = load_inline("mlflow", folder, trusted=True, options={"flavor": "pyfunc"})
+    assert [(t.name, t.datatype, t.shape) for t in runtime.outputs] == [("predict", "INT64", (-1,))]
+    x = iris[0][:6]
+    out = runtime.infer({c: x[:, i] for i, c in enumerate(COLUMNS)})
+    reference = _pyfunc_predict(folder, pd.DataFrame(x, columns=COLUMNS))
     np.testing.assert_array_equal(out["predict"], reference)
 
 
