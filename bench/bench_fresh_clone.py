@@ -75,6 +75,18 @@ def _size_mb(folder: Path) -> float:
     return total / 2**20
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    # The server and its workers share the session serve-example.sh started.
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def run_variant(
     source: Path, name: str, extras: str, *, warm_cache: bool, timeout_s: float
 ) -> dict[str, Any]:
@@ -111,12 +123,7 @@ def run_variant(
                     time.sleep(0.2)
                 first_serve_s = time.perf_counter() - start
             finally:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                _stop(proc)
         text = log.read_text(errors="replace")
         result: dict[str, Any] = {
             "variant": name,

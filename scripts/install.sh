@@ -16,7 +16,8 @@ EXTRAS=${EXTRAS:-}
 EDITABLE=${EDITABLE:-1}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 # Quiet and without progress bars, so the output reads well in a log.
-pip=("$VENV/bin/python" -m pip --disable-pip-version-check --progress-bar off -q)
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off
+pip=("$VENV/bin/python" -m pip -q)
 "${pip[@]}" install --upgrade pip
 target=.
 if [ -n "$EXTRAS" ]; then target=".[${EXTRAS}]"; fi
