@@ -149,9 +149,7 @@ def main() -> int:
     args = parser.parse_args()
     source = Path(__file__).resolve().parent.parent
     results = [
-        run_variant(
-            source, v, _VARIANTS[v], warm_cache=args.warm_cache, timeout_s=args.timeout
-        )
+        run_variant(source, v, _VARIANTS[v], warm_cache=args.warm_cache, timeout_s=args.timeout)
         for v in args.variants.split(",")
     ]
     print(f"{'variant':8} {'first serve s':>14} {'.venv MB':>9} {'pip cache MB':>13}  noise")
