@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -75,6 +76,13 @@ def _size_mb(folder: Path) -> float:
     return total / 2**20
 
 
+def _children_cpu_s() -> float:
+    # User + system time of the waited-for descendants: set-up, example build and the
+    # server (its worker processes count when the server reaps them).
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     # The server and its workers share the session serve-example.sh started.
     try:
@@ -104,6 +112,8 @@ def run_variant(
         port = _free_port()
         log = Path(tmp) / "serve.log"
         url = f"http://127.0.0.1:{port}"
+        load_before = os.getloadavg()[0]
+        cpu_before = _children_cpu_s()
         start = time.perf_counter()
         with log.open("wb") as out:
             proc = subprocess.Popen(
@@ -124,11 +134,14 @@ def run_variant(
                 first_serve_s = time.perf_counter() - start
             finally:
                 _stop(proc)
+        cpu_s = _children_cpu_s() - cpu_before
         text = log.read_text(errors="replace")
         result: dict[str, Any] = {
             "variant": name,
             "extras": extras,
             "first_serve_s": round(first_serve_s, 1),
+            "cpu_s": round(cpu_s, 1),
+            "load_avg": [round(load_before, 1), round(os.getloadavg()[0], 1)],
             "venv_mb": round(_size_mb(clone / ".venv"), 0),
             "pip_cache_mb": None if warm_cache else round(_size_mb(Path(tmp) / "pip-cache"), 0),
         }
@@ -152,12 +165,16 @@ def main() -> int:
         run_variant(source, v, _VARIANTS[v], warm_cache=args.warm_cache, timeout_s=args.timeout)
         for v in args.variants.split(",")
     ]
-    print(f"{'variant':8} {'first serve s':>14} {'.venv MB':>9} {'pip cache MB':>13}  noise")
+    print(
+        f"{'variant':8} {'first serve s':>14} {'CPU s':>7} {'.venv MB':>9} "
+        f"{'pip cache MB':>13} {'load avg':>11}  noise"
+    )
     for r in results:
         noise = ", ".join(k for k in _NOISE if r[k]) or "none"
+        load = "{:.1f}-{:.1f}".format(*r["load_avg"])
         print(
-            f"{r['variant']:8} {r['first_serve_s']:14.1f} {r['venv_mb']:9.0f} "
-            f"{r['pip_cache_mb'] or 0:13.0f}  {noise}"
+            f"{r['variant']:8} {r['first_serve_s']:14.1f} {r['cpu_s']:7.1f} {r['venv_mb']:9.0f} "
+            f"{r['pip_cache_mb'] or 0:13.0f} {load:>11}  {noise}"
         )
     by_name = {r["variant"]: r for r in results}
     if "base" in by_name and "torch" in by_name:
