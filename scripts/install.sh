@@ -24,6 +24,9 @@ pip=("$VENV/bin/python" -m pip -q)
 # Byte-code is compiled on first import for the modules really used, not for every
 # module of every dependency at install time (a third of the install's CPU time);
 # COMPILE=1 compiles everything now (an image whose files its user cannot write).
+# An extra built from source (llama-cpp-python compiles llama.cpp with CMake) uses every
+# core; pip keeps the wheel it built in its cache, so later installs take seconds.
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}
 compile=--no-compile
 if [ "${COMPILE:-0}" = "1" ]; then compile=--compile; fi
 target=.
