@@ -96,14 +96,25 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def run_variant(
-    source: Path, name: str, extras: str, *, warm_cache: bool, timeout_s: float
+    source: Path,
+    name: str,
+    extras: str,
+    *,
+    warm_cache: bool,
+    timeout_s: float,
+    ref: str | None = None,
 ) -> dict[str, Any]:
-    """Clone ``source`` and time its first ``serve-example.sh`` with ``extras``."""
+    """Clone ``source`` (at ``ref``, default its HEAD) and time its first
+    ``serve-example.sh`` with ``extras``."""
     with tempfile.TemporaryDirectory(prefix=f"modelyard-first-{name}-") as tmp:
         clone = Path(tmp) / "modelyard"
         subprocess.run(
             ["git", "clone", "-q", str(source), str(clone)], check=True, capture_output=True
         )
+        if ref is not None:
+            subprocess.run(
+                ["git", "-C", str(clone), "checkout", "-q", ref], check=True, capture_output=True
+            )
         env = {**os.environ, "EXTRAS": extras, "PYTHONUNBUFFERED": "1"}
         for var in ("VENV", "VIRTUAL_ENV", "PYTHONPATH", "SKIP_INSTALL", "EXAMPLE_DIR"):
             env.pop(var, None)
@@ -159,12 +170,28 @@ def main() -> int:
     parser.add_argument("--warm-cache", action="store_true", help="use pip's own cache")
     parser.add_argument("--timeout", type=float, default=900, help="per variant, seconds")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--before",
+        metavar="REF",
+        help="also run the commit REF's own serve-example.sh as variant 'before'",
+    )
     args = parser.parse_args()
     source = Path(__file__).resolve().parent.parent
     results = [
         run_variant(source, v, _VARIANTS[v], warm_cache=args.warm_cache, timeout_s=args.timeout)
         for v in args.variants.split(",")
     ]
+    if args.before:
+        results.append(
+            run_variant(
+                source,
+                "before",
+                "",
+                warm_cache=args.warm_cache,
+                timeout_s=args.timeout,
+                ref=args.before,
+            )
+        )
     print(
         f"{'variant':8} {'first serve s':>14} {'CPU s':>7} {'.venv MB':>9} "
         f"{'pip cache MB':>13} {'load avg':>11}  noise"
