@@ -146,6 +146,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     assert serving, text
     assert "grpc" not in serving[0], "MODELYARD_GRPC_PORT=off did not turn gRPC off"
     assert text.count("has no manifest") == 1, text
+    # Logs, not a terminal: no progress bars (tqdm's "50%|█████     |" and pip's).
+    assert not re.search(r"\d+%\||[█━]", text), text
+    assert "deprecat" not in text.lower(), text
 
 
 def _check_curl(command: str, response: httpx.Response) -> None:
