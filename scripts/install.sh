@@ -16,6 +16,14 @@ VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS:-}
 EDITABLE=${EDITABLE:-1}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+# An editable install stays current as the sources change: only a changed pyproject.toml
+# or another set of extras needs pip again (a second serve-example.sh starts at once).
+stamp="$VENV/.modelyard-install"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1) extras=[$EXTRAS]"
+if [ "$EDITABLE" = "1" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+rm -f "$stamp"
 # Quiet and without progress bars, so the output reads well in a log.
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off
 pip=("$VENV/bin/python" -m pip -q)
@@ -36,3 +44,5 @@ if [ "$EDITABLE" = "1" ]; then
 else
   "${pip[@]}" install "$compile" "$target"
 fi
+[ "$EDITABLE" = "1" ] && echo "$want" >"$stamp"
+exit 0
