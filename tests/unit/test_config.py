@@ -104,3 +104,18 @@ def test_grpc_can_be_turned_off_from_the_environment(
     assert load_settings(cfg).grpc_port is None
     # A flag still wins over the environment.
     assert load_settings(cfg, grpc_port=3000).grpc_port == 3000
+
+
+def test_grpc_off_flag_and_flag_mistakes_name_the_flag(tmp_path: Path) -> None:
+    from modelyard.cli import build_parser
+
+    cfg = tmp_path / "modelyard.yaml"
+    cfg.write_text("grpc_port: 2000\n", encoding="utf-8")
+    args = build_parser().parse_args(["serve", "--config", str(cfg), "--grpc-port", "off"])
+    assert load_settings(cfg, grpc_port=args.grpc_port).grpc_port is None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--grpc-port", "eighty"])
+    with pytest.raises(ConfigError) as info:
+        load_settings(cfg, http_port=70000)
+    assert str(info.value).startswith("--http-port: invalid configuration")
+    assert str(cfg) not in str(info.value)
