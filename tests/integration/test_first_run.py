@@ -39,6 +39,10 @@ async def test_misspelt_model_names_get_a_suggestion(config_file: Path) -> None:
         r = await client.post("/predict", json={"model": "mpl", "inputs": {"x": [1.0]}})
         assert r.status_code == 404
         assert "did you mean 'mlp'?" in r.json()["error"]
+        # A load of a folder that is not there: the closest folders and models.
+        r = await client.post("/v2/repository/models/digits-logre/load")
+        assert r.status_code == 404
+        assert "did you mean 'digits-logreg'" in r.json()["error"]
         # Nothing close: no guess.
         r = await client.get("/v2/models/zzzzzz")
         assert r.status_code == 404

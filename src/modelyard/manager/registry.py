@@ -145,7 +145,11 @@ class ModelRegistry:
             raise InvalidInputError(f"config names model {model_config.name!r}, not {name!r}")
         check_config(model_config, folder, own_folder, policy)
         if not folder.is_dir():
-            raise ModelNotFoundError(f"model {name!r} is not in the repository")
+            folders = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")}
+            raise ModelNotFoundError(
+                f"model {name!r} is not in the repository"
+                f"{did_you_mean(name, folders | set(self.entries))}"
+            )
         versions = served_versions(folder, model_config.version_policy)
         if not versions:
             raise ModelNotFoundError(
