@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv and install modelyard with its test tools, the runtime extras the tests
-# exercise (xgboost, lightgbm, mlflow; huggingface beside torch), and the torch extra.
+# Create .venv with everything the tests need: modelyard in editable mode with every extra
+# listed in scripts/test-extras.txt (MODELYARD_NO_TORCH=1 leaves out the extras that pull torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-extras="test,xgboost,lightgbm,mlflow"
-if [ "${MODELYARD_NO_TORCH:-0}" != "1" ]; then extras="${extras},torch,huggingface"; fi
-.venv/bin/python -m pip install -q -e ".[${extras}]"
+extras=$(sed -e 's/#.*//' -e 's/[[:space:]]//g' scripts/test-extras.txt | grep -v '^$' || true)
+if [ "${MODELYARD_NO_TORCH:-0}" = "1" ]; then extras=$(grep -vxE 'torch|huggingface' <<<"$extras" || true); fi
+EXTRAS=$(paste -sd, - <<<"$extras") EDITABLE=1 bash scripts/install.sh

@@ -111,15 +111,27 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _manifest(args: argparse.Namespace) -> int:
-    from modelyard.repository.layout import list_versions
+    from modelyard.repository.layout import list_versions, repository_models
     from modelyard.repository.manifest import write_manifest
 
     target = Path(args.dir)
     if not target.is_dir():
         print(f"modelyard: {target} is not a folder", file=sys.stderr)
         return 2
-    # A model folder (with integer version folders) or one version folder.
+    # A model folder (with integer version folders) or one version folder. A repository
+    # root would get one manifest covering every model, which no version would verify
+    # against: refuse it and say what to give instead.
     versions = [target / str(v) for v in list_versions(target)] or [target]
+    models = repository_models(target) if versions == [target] else []
+    if models:
+        shown = ", ".join(models[:3]) + (", …" if len(models) > 3 else "")
+        print(
+            f"modelyard: {target} is a model repository (model folders: {shown}); give a "
+            f"model folder (every version gets a manifest), e.g. {target / models[0]}, "
+            "or one version folder",
+            file=sys.stderr,
+        )
+        return 2
     key = Path(args.key) if args.key else None
     for vdir in versions:
         print(write_manifest(vdir, key))
@@ -178,6 +190,18 @@ def _alias(args: argparse.Namespace) -> int:
     return _post(args, url, {"versions": targets})
 
 
+def _port_or_off(text: str) -> int | str:
+    """A port number, or a word for "off" that the settings turn into no gRPC server."""
+    from modelyard.config.settings import OFF_WORDS
+
+    if text.strip().lower() in OFF_WORDS:
+        return "off"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number or 'off': {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     parser = argparse.ArgumentParser(prog="modelyard", description=__doc__)
@@ -187,7 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", "-c", help="modelyard.yaml (default: none)")
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--http-port", type=int, help="REST port (default 8080)")
-    serve.add_argument("--grpc-port", type=int, help="gRPC port (default 8081)")
+    serve.add_argument(
+        "--grpc-port", type=_port_or_off, help="gRPC port (default 8081; off disables gRPC)"
+    )
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", choices=["text", "json"])
     serve.add_argument("--model-control-mode", choices=["none", "explicit", "poll"])

@@ -156,6 +156,20 @@ def test_manifest_and_keygen_commands(tmp_path: Path) -> None:
     assert verify_manifest(tmp_path / "m" / "2", public_keys=[public], require=True)
 
 
+def test_manifest_on_a_repository_root_asks_for_a_model_folder(tmp_path: Path) -> None:
+    from modelyard.examples.mlp import build_add_onnx
+
+    for name in ("a", "b"):
+        build_add_onnx(tmp_path / name / "1" / "model.onnx", 1.0)
+    out = subprocess.run(
+        _modelyard("manifest", str(tmp_path)), capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2
+    assert "is a model repository (model folders: a, b)" in out.stderr
+    assert str(tmp_path / "a") in out.stderr
+    assert not list(tmp_path.rglob("modelyard-manifest.json")), "wrote a manifest anyway"
+
+
 def test_a_port_in_use_is_a_clear_error(example_repo: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

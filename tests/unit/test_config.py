@@ -54,3 +54,68 @@ def test_relative_paths_resolve_from_the_file(tmp_path: Path) -> None:
     cfg.write_text("model_repository: repo\nmodels:\n  - {name: a, path: a}\n", encoding="utf-8")
     s = load_settings(cfg)
     assert s.model_path(s.models[0]) == (tmp_path / "sub" / "repo" / "a").resolve()
+
+
+ENV_MISTAKES = [
+    ("MODELYARD_HTTP_PORT", "abc", "http_port"),
+    ("MODELYARD_LIMITS__MAX_CONNECTIONS", "-1", "limits.max_connections"),
+    ("MODELYARD_DEVICES", "not json", "'devices' takes a JSON list"),
+]
+
+
+@pytest.mark.parametrize(("variable", "value", "fragment"), ENV_MISTAKES)
+def test_environment_mistakes_name_the_variable_not_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str, fragment: str
+) -> None:
+    cfg = tmp_path / "modelyard.yaml"
+    cfg.write_text("http_port: 1000\n", encoding="utf-8")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings(cfg)
+    message = str(info.value)
+    assert f"environment variable {variable}={value!r}" in message
+    assert fragment in message
+    assert str(cfg) not in message
+
+
+def test_file_and_environment_mistakes_are_told_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "modelyard.yaml"
+    cfg.write_text("log_level: loud\n", encoding="utf-8")
+    monkeypatch.setenv("MODELYARD_HTTP_PORT", "abc")
+    with pytest.raises(ConfigError) as info:
+        load_settings(cfg)
+    lines = str(info.value).splitlines()
+    # Each mistake sits under the place to fix it.
+    file_at = lines.index(f"{cfg}: invalid configuration")
+    env_at = lines.index("environment variable MODELYARD_HTTP_PORT='abc': invalid configuration")
+    assert lines[file_at + 1].startswith("  log_level:")
+    assert lines[env_at + 1].startswith("  http_port:")
+
+
+@pytest.mark.parametrize("word", ["off", "OFF", "", "null", "none", "false"])
+def test_grpc_can_be_turned_off_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, word: str
+) -> None:
+    cfg = tmp_path / "modelyard.yaml"
+    cfg.write_text("grpc_port: 2000\n", encoding="utf-8")
+    monkeypatch.setenv("MODELYARD_GRPC_PORT", word)
+    assert load_settings(cfg).grpc_port is None
+    # A flag still wins over the environment.
+    assert load_settings(cfg, grpc_port=3000).grpc_port == 3000
+
+
+def test_grpc_off_flag_and_flag_mistakes_name_the_flag(tmp_path: Path) -> None:
+    from modelyard.cli import build_parser
+
+    cfg = tmp_path / "modelyard.yaml"
+    cfg.write_text("grpc_port: 2000\n", encoding="utf-8")
+    args = build_parser().parse_args(["serve", "--config", str(cfg), "--grpc-port", "off"])
+    assert load_settings(cfg, grpc_port=args.grpc_port).grpc_port is None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--grpc-port", "eighty"])
+    with pytest.raises(ConfigError) as info:
+        load_settings(cfg, http_port=70000)
+    assert str(info.value).startswith("--http-port: invalid configuration")
+    assert str(cfg) not in str(info.value)

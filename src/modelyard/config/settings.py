@@ -7,19 +7,36 @@ Precedence, highest first: command-line flags, ``MODELYARD_*`` environment varia
 from __future__ import annotations
 
 import contextvars
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
 
 from modelyard.config.limits import LimitsConfig
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.remote_load import RemoteLoadConfig
 from modelyard.config.security import SecurityConfig
 from modelyard.config.units import MIB, from_old_names
+
+ENV_PREFIX = "MODELYARD_"
+"""Prefix of the environment variables that override server-level fields."""
+
+OFF_WORDS = frozenset({"", "off", "none", "null", "false", "no", "disabled"})
+"""What ``grpc_port`` may say (YAML, environment or flag) to turn gRPC off."""
 
 _FILE_DATA: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("_FILE_DATA")
 
@@ -57,7 +74,7 @@ class ServerSettings(BaseSettings):
     """Process-wide settings of one modelyard server."""
 
     model_config = SettingsConfigDict(
-        env_prefix="MODELYARD_", env_nested_delimiter="__", frozen=True, extra="forbid"
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", frozen=True, extra="forbid"
     )
 
     host: str = "127.0.0.1"
@@ -65,7 +82,8 @@ class ServerSettings(BaseSettings):
     http_port: int = Field(default=8080, ge=0, le=65535)
     """REST port (0 picks a free one)."""
     grpc_port: int | None = Field(default=8081, ge=0, le=65535)
-    """gRPC port (0 picks a free one; null disables gRPC)."""
+    """gRPC port (0 picks a free one; null disables gRPC, as do ``off`` and an empty
+    value, so that ``MODELYARD_GRPC_PORT=off`` turns it off from the environment)."""
     model_repository: str = "."
     """Root that relative model paths are resolved against."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -112,6 +130,14 @@ class ServerSettings(BaseSettings):
     """Folder of the YAML file (set by the loader; relative paths start here)."""
     config_file: str = ""
     """The YAML file itself (set by the loader; named in start-up errors)."""
+
+    @field_validator("grpc_port", mode="before")
+    @classmethod
+    def _grpc_off(cls, value: Any) -> Any:
+        # An environment variable cannot hold YAML's null: accept the words for "off".
+        if isinstance(value, str) and value.strip().lower() in OFF_WORDS:
+            return None
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -171,19 +197,71 @@ class _FileSource(PydanticBaseSettingsSource):
         return dict(_FILE_DATA.get({}))
 
 
-def _format_validation_error(source: str, exc: ValidationError) -> str:
-    lines = [f"{source}: invalid configuration"]
+def env_variable(loc: tuple[int | str, ...], environ: Mapping[str, str]) -> str | None:
+    """The ``MODELYARD_*`` variable that set the field at ``loc``, if one did.
+
+    The most specific wins: ``MODELYARD_LIMITS__MAX_CONNECTIONS`` for
+    ``limits.max_connections``, else ``MODELYARD_LIMITS`` (a JSON object). Names are
+    compared without case, as pydantic-settings reads them.
+    """
+    names = {key.upper(): key for key in environ}
+    parts: list[str] = []
+    for part in loc:
+        if not isinstance(part, str):
+            break  # a list index: the whole list came from one variable
+        parts.append(part.upper())
+    for depth in range(len(parts), 0, -1):
+        found = names.get(ENV_PREFIX + "__".join(parts[:depth]))
+        if found is not None:
+            return found
+    return None
+
+
+def _format_validation_error(
+    source: str, exc: ValidationError, flags: Mapping[str, Any], environ: Mapping[str, str]
+) -> str:
+    # Each mistake is reported where the user must fix it: the flag, the environment
+    # variable, or the YAML file (values from the flags win over the environment, which
+    # wins over the file, so that is also the order to look in).
+    groups: dict[str, list[str]] = {}
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        lines.append(f"  {loc}: {err['msg']}")
+        loc = tuple(err["loc"])
+        field = ".".join(str(p) for p in loc) or "(root)"
+        variable = env_variable(loc, environ) if loc else None
+        if loc and loc[0] in flags:
+            origin = f"--{str(loc[0]).replace('_', '-')}"
+        elif variable is not None:
+            origin = f"environment variable {variable}={environ[variable]!r}"
+        else:
+            origin = source
+        groups.setdefault(origin, []).append(f"  {field}: {err['msg']}")
+    lines: list[str] = []
+    for origin, problems in groups.items():
+        lines.append(f"{origin}: invalid configuration")
+        lines.extend(problems)
     return "\n".join(lines)
+
+
+def _settings_error(exc: SettingsError, environ: Mapping[str, str]) -> str:
+    # pydantic-settings says 'error parsing value for field "devices" from source
+    # "EnvSettingsSource"' when a list or mapping field's variable is not JSON.
+    message = str(exc)
+    field = message.split('"')[1] if message.count('"') >= 2 else ""
+    variable = env_variable((field,), environ) if field else None
+    if variable is None:
+        return f"environment: {message}"
+    return (
+        f"environment variable {variable}={environ[variable]!r}: not valid JSON "
+        f"(the field {field!r} takes a JSON list or object)"
+    )
 
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> ServerSettings:
     """Build settings from ``config_file`` (YAML), the environment and ``overrides``.
 
     ``overrides`` with value ``None`` are ignored, so CLI flags left unset fall through.
-    Raises :class:`ConfigError` with the file, field and reason of every mistake.
+    Raises :class:`ConfigError` naming where each mistake is (the flag, the
+    ``MODELYARD_*`` variable, or the file), the field and the reason.
     """
     data: dict[str, Any] = {}
     source = "<defaults>"
@@ -203,10 +281,13 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
         data = loaded
         data.setdefault("config_dir", str(path.resolve().parent))
         data.setdefault("config_file", str(path))
+    flags = {k: v for k, v in overrides.items() if v is not None}
     token = _FILE_DATA.set(data)
     try:
-        return ServerSettings(**{k: v for k, v in overrides.items() if v is not None})
+        return ServerSettings(**flags)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(source, exc)) from exc
+        raise ConfigError(_format_validation_error(source, exc, flags, os.environ)) from exc
+    except SettingsError as exc:
+        raise ConfigError(_settings_error(exc, os.environ)) from exc
     finally:
         _FILE_DATA.reset(token)

@@ -77,7 +77,11 @@ def _optional_module(name: str) -> Any:
 
 
 def _load_encoder() -> Any:
-    auto_model = _optional_module("transformers").AutoModel
+    transformers = _optional_module("transformers")
+    # A "Loading weights" progress bar would land in the log of `modelyard example` and
+    # of scripts/serve-example.sh: bars are for terminals, not logs.
+    transformers.utils.logging.disable_progress_bar()
+    auto_model = transformers.AutoModel
     with _offline():
         # Eager attention traces to plain MatMul/Softmax; the SDPA path does not export
         # cleanly with the TorchScript exporter.

@@ -79,6 +79,21 @@ class Loader:
         self.on_ready = on_ready
         self.on_unloaded = on_unloaded
         self._public_keys = [load_public_key(k) for k in settings.manifest_public_keys]
+        self._unverified_said = False
+
+    def _say_unverified(self, record: ModelRecord) -> None:
+        # Most repositories have no manifests at all: one warning per start says so, and
+        # the rest go to debug, rather than one warning per model burying the log.
+        if self._unverified_said:
+            log.debug("%s has no manifest; loading it unverified", record.key)
+            return
+        self._unverified_said = True
+        log.warning(
+            "%s has no manifest; loading it unverified (said once: other models without "
+            "one are logged at debug level; `modelyard manifest MODEL_DIR` writes one, "
+            "require_manifest: true refuses them)",
+            record.key,
+        )
 
     def set_state(self, record: ModelRecord, state: ModelState, reason: str = "") -> None:
         if record.state is not state and not can_transition(record.state, state):
@@ -186,7 +201,7 @@ class Loader:
                 self.fail(record, str(exc), "verify_failed")
                 return
             if not verified and record.stats.loads == 0:
-                log.warning("%s has no manifest; loading it unverified", record.key)
+                self._say_unverified(record)
             need = self._admission.estimate_bytes(record)
             try:
                 await self._admission.admit(record, need, deadline, may_evict=not prefetch)

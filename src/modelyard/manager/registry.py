@@ -7,6 +7,7 @@ aliases, and the runtime pins. It starts and stops nothing; the lifecycle does.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import random
 from collections.abc import Iterable, Mapping
@@ -38,6 +39,18 @@ from modelyard.protocol.names import check_model_name
 from modelyard.repository.layout import guess_runtime, missing_versions_reason, served_versions
 
 log = logging.getLogger("modelyard.manager")
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` naming the known names closest to ``name``, or ``""``.
+
+    A typo in a model name is the commonest first mistake; the error then says what
+    the user probably meant instead of only that the name is unknown.
+    """
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?"
 
 
 class ModelRegistry:
@@ -132,7 +145,11 @@ class ModelRegistry:
             raise InvalidInputError(f"config names model {model_config.name!r}, not {name!r}")
         check_config(model_config, folder, own_folder, policy)
         if not folder.is_dir():
-            raise ModelNotFoundError(f"model {name!r} is not in the repository")
+            folders = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")}
+            raise ModelNotFoundError(
+                f"model {name!r} is not in the repository"
+                f"{did_you_mean(name, folders | set(self.entries))}"
+            )
         versions = served_versions(folder, model_config.version_policy)
         if not versions:
             raise ModelNotFoundError(
@@ -213,7 +230,9 @@ class ModelRegistry:
         try:
             return self.entries[name]
         except KeyError:
-            raise ModelNotFoundError(f"model {name!r} is not in the repository") from None
+            raise ModelNotFoundError(
+                f"model {name!r} is not in the repository{did_you_mean(name, self.entries)}"
+            ) from None
 
     def resolve(self, name: str, version: str | None) -> ModelRecord:
         """The record serving ``name`` at ``version`` (a version, an alias, or the default)."""

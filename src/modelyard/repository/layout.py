@@ -14,6 +14,17 @@ def list_versions(model_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
 
 
+def repository_models(root: Path) -> list[str]:
+    """Names of the folders in ``root`` that are model folders (hold version folders),
+    sorted; empty when ``root`` is a model or version folder rather than a repository."""
+    names = []
+    for child in root.iterdir():
+        if child.is_dir() and not child.name.startswith(".") and list_versions(child):
+            names.append(child.name)
+    names.sort()
+    return names
+
+
 def served_versions(model_dir: Path, policy: VersionPolicy) -> list[int]:
     """The versions the policy serves, ascending."""
     versions = list_versions(model_dir)
