@@ -8,7 +8,8 @@ model's scheduler, and wraps the outputs. It never touches a worker directly.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,13 @@ from modelyard.manager.router import Router
 from modelyard.manager.states import ModelState
 from modelyard.observability.metrics import OK, Metrics
 from modelyard.protocol.documents import json_object
-from modelyard.protocol.generate import GenerateChunk, GenerateRequest, check_generate_request
+from modelyard.protocol.generate import (
+    SAMPLING_KEYS,
+    GenerateChunk,
+    GenerateRequest,
+    check_generate_request,
+    sampling_from_params,
+)
 from modelyard.protocol.limits import count_elements
 from modelyard.protocol.names import check_model_name, check_version_name
 from modelyard.protocol.predict import predict_answer, predict_call, predict_inputs
@@ -255,6 +262,8 @@ class DataPlane:
         timeout_s = call.timeout_s
         if timeout_ms is not None:
             timeout_s = earliest(timeout_s, header_timeout_s(timeout_ms))
+        if self._is_generative(call.model, call.version):
+            return await self._predict_text(doc, call.model, call.version, call.priority, timeout_s)
         meta = await self.model_metadata_loaded(call.model, call.version, timeout_s)
         inputs = predict_inputs(doc, call.model, meta.inputs)
         if timeout_s is not None:
@@ -271,6 +280,67 @@ class DataPlane:
             timeout_s=timeout_s,
         )
         return predict_answer(await self.infer(request))
+
+    def _is_generative(self, name: str, version: str | None) -> bool:
+        entry = self.manager.entries.get(name)
+        return entry is not None and entry.config.is_generative
+
+    async def _predict_text(
+        self,
+        doc: Mapping[str, Any],
+        model: str,
+        version: str | None,
+        priority: int | None,
+        timeout_s: float | None,
+    ) -> dict[str, object]:
+        """``/predict`` for a generative model: ``{"text", "parameters"?}`` (sampling
+        parameters also at the top level) → ``{"model", "version", "text",
+        "finish_reason", "usage"}``."""
+        text = doc.get("text")
+        if not isinstance(text, str):
+            raise InvalidInputError(f"model {model!r} generates text: send 'text' as a string")
+        params = doc.get("parameters") or {}
+        if not isinstance(params, Mapping):
+            raise InvalidInputError("'parameters' must be an object")
+        merged = {k: v for k, v in doc.items() if k in SAMPLING_KEYS} | dict(params)
+        request = GenerateRequest(
+            model=model,
+            version=version,
+            prompt=text,
+            messages=None,
+            sampling=sampling_from_params(merged),
+            priority=priority,
+            timeout_s=timeout_s,
+        )
+        return await self.generate_text(request)
+
+    async def generate_text(self, request: GenerateRequest) -> dict[str, object]:
+        """The whole generation as one answer: ``{"model", "version", "text",
+        "finish_reason", "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}``."""
+        parts: list[str] = []
+        last: GenerateChunk | None = None
+        stream = self.generate(request)
+        try:
+            async for chunk in stream:
+                parts.append(chunk.text)
+                last = chunk
+        finally:
+            await stream.aclose()
+        if last is None:
+            raise InternalError(f"model {request.model!r} produced no answer")
+        text = "".join(parts)
+        self.check_response_bytes(len(text))
+        return {
+            "model": request.model,
+            "version": last.model_version,
+            "text": text,
+            "finish_reason": last.finish_reason,
+            "usage": {
+                "prompt_tokens": last.prompt_tokens,
+                "completion_tokens": last.completion_tokens,
+                "total_tokens": last.prompt_tokens + last.completion_tokens,
+            },
+        }
 
     async def _infer(
         self, record: ModelRecord, request: InferRequest, started: float
@@ -361,7 +431,7 @@ class DataPlane:
 
     # ------------------------------------------------------------------ generation
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         """Generate text for ``request``, one :class:`GenerateChunk` per piece produced.
 
         An async generator; the last chunk carries ``finish_reason`` and the token counts.
@@ -416,6 +486,7 @@ class DataPlane:
                             chunk = await self._next_chunk(record, stream, limit, first_at)
                             if first_at is None:
                                 first_at = self.clock.monotonic()
+                            chunk = replace(chunk, model_version=record.key.version)
                             last = chunk
                             yield chunk
                             if chunk.finish_reason is not None:
