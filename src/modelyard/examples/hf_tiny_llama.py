@@ -7,6 +7,7 @@ safetensors. Needs the ``torch`` extra.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from modelyard.examples.gguf_llama import CHAT_TEMPLATE, CORPUS
 
@@ -28,7 +29,7 @@ def write_tiny_causal_lm(folder: Path, seed: int = 0, vocab_size: int = 400) -> 
         show_progress=False,
     )
     tok.train_from_iterator(CORPUS.splitlines(), trainer)
-    fast = PreTrainedTokenizerFast(
+    fast: Any = PreTrainedTokenizerFast(  # untyped in transformers 5
         tokenizer_object=tok,
         bos_token="<s>",
         eos_token="</s>",
