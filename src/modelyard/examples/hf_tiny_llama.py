@@ -29,7 +29,7 @@ def write_tiny_causal_lm(folder: Path, seed: int = 0, vocab_size: int = 400) -> 
         show_progress=False,
     )
     tok.train_from_iterator(CORPUS.splitlines(), trainer)
-    fast: Any = PreTrainedTokenizerFast(  # untyped in transformers 5
+    fast: Any = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         bos_token="<s>",
         eos_token="</s>",
