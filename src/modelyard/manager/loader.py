@@ -288,6 +288,9 @@ class Loader:
         elif record.measured_bytes:
             # A margin over what the model was measured to need last time.
             limit = int(record.measured_bytes * 2 + 256 * _MIB)
+            # Mapped weight files are not in the measured footprint, but their pages
+            # count in the worker's private memory while it is their only mapper.
+            limit += sum(f.size for f in self._admission.mapped_files(record))
         try:
             info = await instance.start(StartRequest(spec, warmup, limit))
         except ServerError:

@@ -38,13 +38,9 @@ _Item = Chunk | ServerError
 class GenerationStreams:
     """The open generation streams and counter queries of one worker."""
 
-    def __init__(
-        self,
-        name: str,
-        send: Callable[[Message], None],
-        next_seq: Callable[[], int],
-    ) -> None:
-        self._name = name
+    def __init__(self, send: Callable[[Message], None], next_seq: Callable[[], int]) -> None:
+        self.name = ""
+        """The model's name, for messages (set when the instance starts)."""
         self._send = send
         """Sends one message to the worker (raises a ServerError when it is gone)."""
         self._next_seq = next_seq
@@ -146,7 +142,7 @@ class GenerationStreams:
                 msg = await fut
         except TimeoutError:
             raise DeadlineExceededError(
-                f"the worker of model {self._name!r} did not report its counters"
+                f"the worker of model {self.name!r} did not report its counters"
             ) from None
         finally:
             self._queries.pop(seq, None)
