@@ -162,6 +162,7 @@ async def test_bad_generate_requests_get_typed_errors(llm_root: Path) -> None:
         assert r.status_code == 200
 
 
+@pytest.mark.slow
 async def test_stop_strings_and_seeded_sampling(llm_root: Path) -> None:
     async with running_server(_config(llm_root, llm_model("llama-a"))) as (_, client):
         body = {"text_input": PROMPT, "max_tokens": N_TOKENS, "temperature": 0}
@@ -182,6 +183,7 @@ async def _counter(app: App, name: str) -> int:
     return counters.generated_tokens
 
 
+@pytest.mark.slow
 async def test_disconnect_stops_generation_in_the_worker(llm_root: Path) -> None:
     model = llm_model("llama-a", generation={"n_ctx": 4096})
     async with running_server(_config(llm_root, model)) as (app, client):
@@ -213,6 +215,7 @@ async def test_disconnect_stops_generation_in_the_worker(llm_root: Path) -> None
         assert r2.status_code == 200
 
 
+@pytest.mark.slow
 async def test_worker_killed_mid_stream_ends_with_error_event(llm_root: Path) -> None:
     model = llm_model("llama-a", generation={"n_ctx": 4096})
     async with running_server(_config(llm_root, model)) as (app, client):
@@ -246,6 +249,7 @@ async def _kill_after_first_chunk(app: App) -> None:
         os.kill(record.info.pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 async def test_context_too_big_for_the_budget_is_refused_with_the_arithmetic(
     llm_root: Path,
 ) -> None:
@@ -261,11 +265,12 @@ async def test_context_too_big_for_the_budget_is_refused_with_the_arithmetic(
         assert "lower n_ctx or parallel" in error
 
 
+@pytest.mark.slow
 async def test_two_gguf_models_evict_each_other_under_a_budget_for_one(llm_root: Path) -> None:
-    # Each takes its file plus its KV cache and buffers (about 35 MiB); 50 fit one.
+    # Each takes its file plus its KV cache and buffers (about 30 MiB, measured); 45 fit one.
     a = llm_model("llama-a", generation={"n_ctx": 256, "parallel": 1})
     b = llm_model("llama-b", generation={"n_ctx": 256, "parallel": 1})
-    async with running_server(_config(llm_root, a, b, budget_mb=50)) as (app, client):
+    async with running_server(_config(llm_root, a, b, budget_mb=45)) as (app, client):
         for name in ("llama-a", "llama-b", "llama-a"):
             r = await client.post(
                 f"/v2/models/{name}/generate", json={"text_input": PROMPT, "max_tokens": 3}
@@ -277,6 +282,7 @@ async def test_two_gguf_models_evict_each_other_under_a_budget_for_one(llm_root:
         assert events.count("evicted") >= 2
 
 
+@pytest.mark.slow
 async def test_parallel_streams_share_the_model(llm_root: Path, expected: list[int]) -> None:
     async with running_server(_config(llm_root, llm_model("llama-a"))) as (app, _):
 
@@ -292,6 +298,7 @@ async def test_parallel_streams_share_the_model(llm_root: Path, expected: list[i
             assert ids == expected
 
 
+@pytest.mark.slow
 async def test_generative_models_are_listed(llm_root: Path) -> None:
     async with running_server(_config(llm_root, llm_model("llama-a"))) as (app, client):
         listed = app.dataplane.generative_models()
