@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from modelyard.examples.gguf_llama import CHAT_TEMPLATE, CORPUS
+from modelyard.examples.gguf_llama import CHAT_TEMPLATE, CORPUS, printable_token
 
 
 def write_tiny_causal_lm(folder: Path, seed: int = 0, vocab_size: int = 400) -> Path:
@@ -52,9 +52,10 @@ def write_tiny_causal_lm(folder: Path, seed: int = 0, vocab_size: int = 400) -> 
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    with torch.no_grad():  # never the likeliest: greedy output stays ordinary text
-        for i in range(len(specials)):
-            model.lm_head.weight[tok.token_to_id(specials[i])] = 0
+    with torch.no_grad():  # never the likeliest: greedy output stays printable text
+        for token, index in tok.get_vocab().items():
+            if token in specials or not printable_token(token):
+                model.lm_head.weight[index] = 0
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     fast.save_pretrained(folder)
