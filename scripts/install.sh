@@ -34,6 +34,8 @@ pip=("$VENV/bin/python" -m pip -q)
 # COMPILE=1 compiles everything now (an image whose files its user cannot write).
 # An extra built from source (llama-cpp-python compiles llama.cpp with CMake) uses every
 # core; pip keeps the wheel it built in its cache, so later installs take seconds.
+# Its multimodal library (mtmd), unused by modelyard, is most of that build: skipped.
+export CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}"
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}
 compile=--no-compile
 if [ "${COMPILE:-0}" = "1" ]; then compile=--compile; fi

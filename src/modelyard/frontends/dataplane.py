@@ -8,7 +8,7 @@ model's scheduler, and wraps the outputs. It never touches a worker directly.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import numpy as np
@@ -25,12 +25,14 @@ from modelyard.errors import (
     ServerError,
     hide_paths,
 )
+from modelyard.frontends.generation import Generation, context_length
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.router import Router
 from modelyard.manager.states import ModelState
 from modelyard.observability.metrics import OK, Metrics
 from modelyard.protocol.documents import json_object
+from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.protocol.limits import count_elements
 from modelyard.protocol.names import check_model_name, check_version_name
 from modelyard.protocol.predict import predict_answer, predict_call, predict_inputs
@@ -46,6 +48,7 @@ from modelyard.protocol.types import (
     header_timeout_s,
 )
 from modelyard.runtimes.base import TensorSpec
+from modelyard.workers.instance import GenerationCounters
 
 SERVER_NAME = "modelyard"
 EXTENSIONS = ("model_repository", "binary_tensor_data", "schedule_policy", "statistics")
@@ -55,6 +58,8 @@ _PLATFORMS = {
     "sklearn": "sklearn",
     "python": "python",
     "torch": "pytorch_torchscript",
+    "llama_cpp": "llama_cpp_gguf",
+    "transformers": "transformers_causal_lm",
 }
 
 
@@ -112,6 +117,11 @@ class DataPlane:
         """Largest encoded response; the front ends check it after encoding."""
         self.is_serving = False
         """Set by the app once start-up finished; cleared when shutdown starts."""
+        self.generation = Generation(
+            manager, self.router, metrics, self.clock, self.check_response_bytes
+        )
+        """Text generation for generative models (``llama_cpp``, ``transformers``)."""
+        self.generation.is_serving = self.ready
 
     def _load_waited(self, record: ModelRecord, seconds: float) -> None:
         if self.metrics is not None:
@@ -148,7 +158,22 @@ class DataPlane:
             platform=_PLATFORMS.get(record.config.runtime, record.config.runtime),
             inputs=() if info is None else _tensors(info.inputs),
             outputs=() if info is None else _tensors(info.outputs),
+            generative=record.config.is_generative,
+            context_length=context_length(record),
         )
+
+    def generative_models(self) -> list[ModelMetadata]:
+        """Metadata of every configured generative model (its default version), loaded
+        or not: what an API that lists models (``/v1/models``) shows."""
+        result = []
+        for name, entry in sorted(self.manager.entries.items()):
+            if not entry.config.is_generative or not entry.versions:
+                continue
+            try:
+                result.append(self.model_metadata(name, None))
+            except ServerError:  # no servable default version right now
+                continue
+        return result
 
     async def model_metadata_loaded(
         self, name: str, version: str | None, timeout_s: float | None = None
@@ -221,6 +246,10 @@ class DataPlane:
         timeout_s = call.timeout_s
         if timeout_ms is not None:
             timeout_s = earliest(timeout_s, header_timeout_s(timeout_ms))
+        if self.generation.is_generative(call.model):
+            return await self.generation.predict_text(
+                doc, call.model, call.version, call.priority, timeout_s
+            )
         meta = await self.model_metadata_loaded(call.model, call.version, timeout_s)
         inputs = predict_inputs(doc, call.model, meta.inputs)
         if timeout_s is not None:
@@ -324,6 +353,35 @@ class DataPlane:
             return result
         order = [s.name for s in specs if s.name in outputs] or list(outputs)
         return [output_from_array(name, outputs[name]) for name in order]
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
+        """Generate text for ``request``, one :class:`GenerateChunk` per piece produced.
+
+        An async generator; the last chunk carries ``finish_reason`` and the token counts.
+        Typed errors before the first chunk: ModelNotFoundError (unknown model, 404),
+        InvalidInputError (not a generative model; a prompt or ``max_tokens`` beyond the
+        context, with the arithmetic: 400), OverloadedError (queue full, 429),
+        DeadlineExceededError (no first token by the deadline, 504), MemoryBudgetError
+        (the model cannot fit, 503). An error after the first chunk is raised from the
+        iterator (WorkerCrashedError when the worker died). Closing the iterator early
+        (``aclose``: the client went away) stops generation in the worker.
+        See :meth:`modelyard.frontends.generation.Generation.generate`.
+        """
+        return self.generation.generate(request)
+
+    async def generate_text(self, request: GenerateRequest) -> dict[str, object]:
+        """The whole generation as one answer (see
+        :meth:`modelyard.frontends.generation.Generation.generate_text`)."""
+        return await self.generation.generate_text(request)
+
+    async def generation_counters(
+        self, name: str, version: str | None = None
+    ) -> GenerationCounters:
+        """The worker's own counters of a loaded generative model (tokens generated,
+        active sequences, KV-cache bytes); ModelNotReadyError when it is not loaded."""
+        return await self.generation.counters(name, version)
 
     # ------------------------------------------------------------------ repository
 

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Final
 
@@ -40,7 +41,8 @@ from modelyard.errors import (
     ServerError,
     WorkerCrashedError,
 )
-from modelyard.runtimes.base import RuntimeSpec
+from modelyard.protocol.generate import GenerateChunk, GenerateRequest
+from modelyard.runtimes.base import RuntimeSpec, find_model_file
 from modelyard.runtimes.warmup import make_warmup_inputs
 from modelyard.workers.channel import ChannelClosedError, LoopChannel, SharedRegion, socket_pair
 from modelyard.workers.exits import rebuild_error
@@ -51,7 +53,7 @@ from modelyard.workers.footprint import (
     weight_files,
 )
 from modelyard.workers.handle import WorkerStartError
-from modelyard.workers.instance import InstanceInfo, StartRequest
+from modelyard.workers.instance import GenerationCounters, InstanceInfo, StartRequest
 from modelyard.workers.limits import MemoryLimitError
 from modelyard.workers.messages import (
     Failed,
@@ -77,6 +79,21 @@ class ProcessInstance(WorkerLink):
     and the model, serves calls, measures memory and stops the worker.
     """
 
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
+        """Stream one generation from the worker (a generative model); closing the
+        iterator early cancels it there; WorkerCrashedError if the worker dies."""
+        if not self._ready:
+            raise self._not_serving()
+        return self._streams.generate(request)
+
+    async def generation_counters(self, timeout_s: float = 5.0) -> GenerationCounters:
+        """The worker's own generation counters (asked over its channel)."""
+        if not self._ready:
+            raise self._not_serving()
+        return await self._streams.counters(timeout_s)
+
     # ----------------------------------------------------------------------- start
 
     async def start(self, request: StartRequest) -> InstanceInfo:
@@ -88,7 +105,7 @@ class ProcessInstance(WorkerLink):
         if self._started:
             raise ModelStateConflictError("this instance has already been started")
         self._started = True
-        self._name = request.spec.model_name
+        self._name = self._streams.name = request.spec.model_name
         self._limit_bytes = request.memory_limit_bytes
         loop = self._loop = asyncio.get_running_loop()
         deadline = loop.time() + self._load_timeout_s
@@ -107,10 +124,14 @@ class ProcessInstance(WorkerLink):
             finally:
                 await limit
             t1 = time.perf_counter()
-            await self._warm_up(request, loaded, deadline)
+            if not loaded.context_length:  # a generative runtime warmed up as it loaded
+                await self._warm_up(request, loaded, deadline)
             warmup_s = time.perf_counter() - t1
             sample = await self.sample_memory()
             footprint, mapped = await self._weights_apart(request.spec, sample)
+            # llama.cpp allocates the whole KV cache at load, but its pages become
+            # resident only as sequences fill it: charge it whole, as at full context.
+            footprint += loaded.kv_cache_bytes
         except BaseException as exc:
             await self._abort()
             if isinstance(exc, ModelLoadError | asyncio.CancelledError):
@@ -136,6 +157,10 @@ class ProcessInstance(WorkerLink):
             "memory_limit_bytes": request.memory_limit_bytes,
             "mapped_weight_private_bytes": mapped,
         }
+        if loaded.context_length:
+            details["context_length"] = loaded.context_length
+            details["parallel"] = loaded.parallel
+            details["kv_cache_bytes"] = loaded.kv_cache_bytes
         return InstanceInfo(
             inputs=list(loaded.inputs),
             outputs=list(loaded.outputs),
@@ -300,15 +325,21 @@ class ProcessInstance(WorkerLink):
     async def _weights_apart(self, spec: RuntimeSpec, sample: MemorySample) -> tuple[int, int]:
         """(USS less the mapped weight files' private pages, those pages).
 
-        Only ``share_weights`` ONNX workers map their weights; for the others it is
-        ``(USS, 0)``. USS and the mapped part come from one read of ``smaps``.
+        Only ``share_weights`` ONNX workers and ``llama_cpp`` workers (their GGUF file)
+        map their weights; for the others it is ``(USS, 0)``. USS and the mapped part
+        come from one read of ``smaps``.
         """
         pid = self.pid
-        if not (spec.share_weights and spec.kind == "onnx") or pid is None:
+        gguf = spec.kind == "llama_cpp"
+        if not ((spec.share_weights and spec.kind == "onnx") or gguf) or pid is None:
             return sample.uss_bytes, 0
 
         def measure() -> tuple[int, int]:
-            paths = [f.path for f in weight_files(Path(spec.version_dir))]
+            folder = Path(spec.version_dir)
+            if gguf:
+                paths = [str(find_model_file(folder, (".gguf",), spec.model_file).resolve())]
+            else:
+                paths = [f.path for f in weight_files(folder)]
             return mapped_private_bytes(pid, paths)
 
         try:

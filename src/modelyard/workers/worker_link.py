@@ -31,6 +31,7 @@ from modelyard.workers.handle import WorkerHandle
 from modelyard.workers.instance import ExitCallback
 from modelyard.workers.limits import MemoryLimit
 from modelyard.workers.messages import Message, MessageError
+from modelyard.workers.streams import GenerationStreams
 
 __all__ = ["WorkerLink"]
 
@@ -77,6 +78,9 @@ class WorkerLink:
         self._kill_reason: str | None = None
         self._exit_reason: str | None = None
         self._callback_fired = False
+        self._streams = GenerationStreams(self._send_now, lambda: next(self._seqs))
+        """Open generation streams (generative models), many at once beside the one
+        request/reply exchange in flight."""
 
     # ------------------------------------------------------------------ properties
 
@@ -110,6 +114,15 @@ class WorkerLink:
         with contextlib.suppress(ChannelClosedError):
             channel.send(msg)
 
+    def _send_now(self, msg: Message) -> None:
+        """Send a stream's message (no reply awaited: its replies go to its stream)."""
+        channel = self._channel
+        if channel is None:
+            raise self._not_serving()
+        # If the worker is going, its exit report ends the stream with the reason.
+        with contextlib.suppress(ChannelClosedError):
+            channel.send(msg)
+
     async def _wait_reply(self, deadline: float, timeout_s: float) -> Message:
         """The reply to the message in flight; kills the worker if it overruns."""
         loop = self._loop
@@ -136,6 +149,8 @@ class WorkerLink:
     # ---------------------------------------------------------------- worker events
 
     def _on_message(self, msg: Message) -> None:
+        if self._streams.owns(msg):
+            return
         seq = getattr(msg, "seq", None)
         if seq is None or seq != self._in_flight:
             return  # stale reply of an abandoned request, or not for us
@@ -186,6 +201,7 @@ class WorkerLink:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(self._crashed())
+        self._streams.fail_all(self._not_serving() if self._stopping else self._crashed())
         self._in_flight = None
         self._cleanup()
         if was_ready and not self._stopping:

@@ -29,7 +29,9 @@ _OPEN_PATHS = frozenset(
 _WS_POLICY_VIOLATION = 1008
 _OPEN_METHODS = frozenset({"GET", "HEAD"})
 _DASHBOARD_ASSET = re.compile(r"/dashboard/[^/]+")
-_DATA_PATH = re.compile(r"/v2/models/[^/]+(?:/versions/[^/]+)?(?:/infer|/ready)?|/predict")
+_DATA_PATH = re.compile(
+    r"/v2/models/[^/]+(?:/versions/[^/]+)?(?:/infer|/ready|/generate|/generate_stream)?|/predict"
+)
 
 
 def rest_plane(method: str, path: str) -> Plane:
