@@ -37,6 +37,14 @@ class RuntimeSpec:
     share_weights: bool = False
     """Keep ONNX external-data weights memory-mapped so replicas share the page cache."""
     device: str = "cpu"
+    """``cpu``, a core set (``cpu:0-1``) or ``cuda:N``. Inside a worker, a ``cuda:N``
+    spec has been rewritten to ``cuda:0`` once ``CUDA_VISIBLE_DEVICES`` shows only GPU N
+    (see ``workers/placement.py``)."""
+    cores: tuple[int, ...] = ()
+    """A core set's CPUs: the worker pins itself there and runs that many threads."""
+    gpu_memory_limit_bytes: int | None = None
+    """A CUDA model's cap on device memory (ORT ``gpu_mem_limit``, torch's
+    per-process memory fraction); None: no cap."""
     options: dict[str, str] = field(default_factory=dict)
     model_file: str = ""
     """The file in ``version_dir`` to load (a config whose ``path`` names one file);
