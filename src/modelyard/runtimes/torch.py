@@ -11,7 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from modelyard.runtimes.base import DeclaredTensors, RuntimeSpec, TensorSpec, find_model_file
+from modelyard.runtimes.base import (
+    DeclaredTensors,
+    RuntimeSpec,
+    TensorSpec,
+    cuda_index,
+    find_model_file,
+    torch_device,
+)
 
 
 def _parse_specs(text: str) -> list[TensorSpec]:
@@ -21,6 +28,22 @@ def _parse_specs(text: str) -> list[TensorSpec]:
         name, datatype, shape = item.split(":")
         specs.append(TensorSpec(name, datatype, tuple(int(d) for d in shape.split("x"))))
     return specs
+
+
+def _enter_cuda(torch: Any, spec: RuntimeSpec, index: int) -> None:
+    """Check the GPU is there (never fall back to the CPU) and cap this process's share."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"device {spec.device}: torch sees no CUDA device (torch {torch.__version__}, "
+            f"CUDA build {torch.version.cuda or 'none'})"
+        )
+    if index >= torch.cuda.device_count():
+        raise RuntimeError(f"device {spec.device}: torch sees {torch.cuda.device_count()} GPU(s)")
+    torch.cuda.set_device(index)
+    if spec.gpu_memory_limit_bytes:
+        total = torch.cuda.get_device_properties(index).total_memory
+        fraction = min(1.0, spec.gpu_memory_limit_bytes / total)
+        torch.cuda.set_per_process_memory_fraction(fraction, index)
 
 
 class TorchRuntime(DeclaredTensors):
@@ -40,15 +63,18 @@ class TorchRuntime(DeclaredTensors):
         import torch
 
         path = find_model_file(Path(spec.version_dir), (".pt", ".pt2"), spec.model_file)
-        self._device = spec.device
+        self._device = torch_device(spec)
         torch.set_num_threads(spec.intra_op_threads)
+        index = cuda_index(spec)
+        if index is not None:
+            _enter_cuda(torch, spec, index)
         if path.suffix == ".pt2":
-            self._module = torch.export.load(str(path)).module()
+            self._module = torch.export.load(str(path)).module().to(self._device)
         else:
             # torch.jit.load is untyped; without the torch extra torch is Any and the
             # ignore is unused, so both codes are listed (mypy runs both ways in CI).
             self._module = torch.jit.load(  # type: ignore[no-untyped-call,unused-ignore]
-                str(path), map_location=spec.device
+                str(path), map_location=self._device
             )
         self._module.eval()
         self._inputs = _parse_specs(spec.options.get("inputs", "input:FP32:-1x-1"))

@@ -27,6 +27,7 @@ from modelyard.errors import ErrorCode, InternalError, ServerError
 from modelyard.runtimes import Runtime, create_runtime
 from modelyard.runtimes.errors import classify_runtime_error
 from modelyard.workers.channel import BlockingChannel, ChannelClosedError, SharedRegion
+from modelyard.workers.device import enter_device
 from modelyard.workers.messages import (
     ErrorInfo,
     Failed,
@@ -95,6 +96,7 @@ def _serve(channel: BlockingChannel, region: SharedRegion) -> int:
     if not isinstance(first, Load):
         return 0 if first is None or isinstance(first, Stop) else 2
     try:
+        first = Load(first.seq, enter_device(first.spec), first.memory_limit_bytes)
         runtime = create_runtime(first.spec.kind)
         loaded = _load(runtime, first)
     except Exception as exc:
