@@ -117,7 +117,8 @@ async def test_min_replicas_start_on_another_device_with_their_own_reservation(
     assert manager.budget.reserved("cpu:1", replica.key) == 30 * MIB
     assert manager.budget.reserved("cpu:0", record.key) == 30 * MIB
     added = [e.message for e in manager.events.recent() if e.kind == "replica_added"]
-    assert added and "m:1#1 on cpu:1 (replicas.min)" in added[0]
+    assert len(added) == 1
+    assert "m:1#1 on cpu:1 (replicas.min)" in added[0]
     manager.scaler.tick()
     await asyncio.sleep(0.01)
     assert len(record.replicas) == 1, "max reached"
