@@ -158,6 +158,8 @@ class ReplicaView:
     measured_bytes: int | None
     pending: int
     pid: int | None
+    succeeded: int = 0
+    """Requests it answered (its scheduler's count; 0 once stopped)."""
 
     @classmethod
     def of(cls, replica: Replica) -> ReplicaView:
@@ -171,6 +173,7 @@ class ReplicaView:
             replica.measured_bytes,
             replica.pending,
             info.pid if info is not None else None,
+            replica.scheduler.counters["succeeded"] if replica.scheduler is not None else 0,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -183,6 +186,7 @@ class ReplicaView:
             "measured_bytes": self.measured_bytes,
             "pending": self.pending,
             "pid": self.pid,
+            "succeeded": self.succeeded,
         }
 
 
