@@ -85,6 +85,7 @@ class Placer:
         options: list[tuple[_Cost, str, str]] = []
         unusable = 0
         full: list[str] = []  # usable devices big enough for it, but without room now
+        too_big: list[tuple[str, int, int]] = []  # (device, bytes needed, its whole budget)
         for preference, name in enumerate(allowed):
             dev = self.devices[name]
             if not dev.is_usable:
@@ -97,6 +98,7 @@ class Placer:
             extra = need - current + account.uncharged_bytes(files)
             whole = need + sum(f.size for f in set(files))
             if whole > account.budget_bytes:
+                too_big.append((name, whole, account.budget_bytes))
                 notes.append(
                     f"{name}: needs {whole / _MIB:.1f} MiB, "
                     f"budget {account.budget_bytes / _MIB:.1f}"
@@ -146,6 +148,17 @@ class Placer:
             if allowed and unusable == len(allowed):
                 raise ModelLoadError(
                     f"cannot place {what}{record.key}: no device it allows can run it ({detail})"
+                )
+            if too_big and len(too_big) + unusable == len(allowed):
+                name, whole, budget_bytes = too_big[0]
+                where = (
+                    f"budget of {name}"
+                    if len(allowed) == 1
+                    else f"budget of {name} (and of every device it allows: {detail})"
+                )
+                raise MemoryBudgetError(
+                    f"model {record.key} needs {whole / _MIB:.1f} MiB, more than the whole "
+                    f"{budget_bytes / _MIB:.1f} MiB {where}"
                 )
             if full:
                 # Devices exist but are full: the budget's own refusal names what is in

@@ -100,6 +100,11 @@ class ReplicaScaler:
                 rep.last_busy = now
         if record.state is not ModelState.READY:
             record.busy_since = None
+            if record.state in (ModelState.FAILED, ModelState.UNLOADED):
+                # Its restarts failed: the replicas go with it. (While it restarts
+                # (LOADING), they keep serving.)
+                for rep in list(record.replicas):
+                    self.remove(record, rep, f"its model is {record.state.value}")
             return
         live = [r for r in record.replicas if r.state is not ReplicaState.DRAINING]
         count = 1 + len(live)
@@ -168,11 +173,14 @@ class ReplicaScaler:
         replica.info = info
         replica.measured_bytes = footprint
         budget = admission.budget
-        if not budget.resize(replica.device, replica.key, max(footprint, 1)):
-            log.info(
-                "replica %s measured %.1f MiB, over its reservation", replica.key, footprint / _MIB
-            )
+        fits = budget.resize(replica.device, replica.key, max(footprint, 1))
         replica.reserved_bytes = budget.reserved(replica.device, replica.key)
+        if not fits:
+            # Spare capacity never pushes a device over its budget.
+            why = f"measured {footprint / _MIB:.1f} MiB, more than {replica.device} has free"
+            self.events.add("replica_refused", record.key, f"{replica.key}: {why}")
+            await self._stop(record, replica, why)
+            return
         if record.state is not ModelState.READY or replica.state is not ReplicaState.STARTING:
             await self._stop(record, replica, "its model left while it started")
             return
