@@ -13,7 +13,6 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import uvicorn
 from prometheus_client import CollectorRegistry
 
@@ -22,10 +21,8 @@ from modelyard.config.model_config import ModelConfig
 from modelyard.config.security import SecurityError, check_exposure
 from modelyard.config.settings import ServerSettings
 from modelyard.errors import (
-    DeadlineExceededError,
     ModelNotReadyError,
     ServerError,
-    WorkerCrashedError,
     hide_path_prefix,
 )
 from modelyard.frontends.auth import Authorizer
@@ -33,6 +30,7 @@ from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.app import create_app
 from modelyard.frontends.http.connections import guarded_protocol, overflow_connections
 from modelyard.frontends.http.tls import uvicorn_tls_options
+from modelyard.manager.execute import replica_execute
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.poller import RepositoryPoller
 from modelyard.manager.records import ModelRecord, Replica
@@ -95,17 +93,6 @@ def _ensure_descriptor_room(max_connections: int) -> None:
             max_connections,
             needed,
         )
-
-
-def _live_sibling(
-    record: ModelRecord, failed: ModelRecord | Replica
-) -> ModelRecord | Replica | None:
-    """Another replica of ``record`` whose worker is alive, the least busy (None: none)."""
-    holders: list[ModelRecord | Replica] = [record, *record.replicas]
-    live = [
-        h for h in holders if h is not failed and h.instance is not None and h.instance.is_alive
-    ]
-    return min(live, key=lambda h: h.in_flight, default=None)
 
 
 class StartupError(RuntimeError):
@@ -199,33 +186,7 @@ class App:
             max_batch_elements=self.settings.limits.max_request_elements,
         )
 
-        async def run_on(
-            target: ModelRecord | Replica, batch: dict[str, np.ndarray], deadline: float
-        ) -> dict[str, np.ndarray]:
-            instance = target.instance
-            if instance is None or not instance.is_alive:
-                raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
-            remaining = deadline - self.clock.monotonic()
-            if remaining <= 0:
-                # Dispatching now would only get a healthy worker killed for overrunning.
-                raise DeadlineExceededError(f"model {record.key}: deadline passed before it ran")
-            target.in_flight += 1
-            try:
-                return await instance.infer(batch, remaining)
-            finally:
-                target.in_flight -= 1
-
-        async def execute(batch: dict[str, np.ndarray], deadline: float) -> dict[str, np.ndarray]:
-            try:
-                return await run_on(holder, batch, deadline)
-            except (WorkerCrashedError, ModelNotReadyError):
-                # This replica's worker died (or is gone): the batch never produced an
-                # answer, so a sibling replica runs it; with none, the error stands.
-                sibling = _live_sibling(record, holder)
-                if sibling is None:
-                    raise
-                return await run_on(sibling, batch, deadline)
-
+        execute = replica_execute(record, holder, self.clock)
         metrics_hook = self.metrics.batch_hook(record.key.name, record.key.version)
 
         def on_batch(rows: int, queue_waits_s: list[float], compute_s: float) -> None:
