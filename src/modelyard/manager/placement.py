@@ -66,7 +66,7 @@ class Placer:
         total = 0
         for r in self._admission.records():
             if r.device == device and r.state in RESIDENT:
-                total += r.pending
+                total += r.pending_on_self
             total += sum(rep.pending for rep in r.replicas if rep.device == device)
         return total
 
