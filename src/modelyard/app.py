@@ -13,7 +13,6 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import uvicorn
 from prometheus_client import CollectorRegistry
 
@@ -22,7 +21,6 @@ from modelyard.config.model_config import ModelConfig
 from modelyard.config.security import SecurityError, check_exposure
 from modelyard.config.settings import ServerSettings
 from modelyard.errors import (
-    DeadlineExceededError,
     ModelNotReadyError,
     ServerError,
     hide_path_prefix,
@@ -32,9 +30,10 @@ from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.app import create_app
 from modelyard.frontends.http.connections import guarded_protocol, overflow_connections
 from modelyard.frontends.http.tls import uvicorn_tls_options
+from modelyard.manager.execute import replica_execute
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.poller import RepositoryPoller
-from modelyard.manager.records import ModelRecord
+from modelyard.manager.records import ModelRecord, Replica
 from modelyard.manager.stats import VersionView
 from modelyard.manager.versions import VersionController
 from modelyard.observability.health import HealthView
@@ -130,6 +129,8 @@ class App:
             self._make_instance,
             on_ready=self._on_ready,
             on_unloaded=self._on_unloaded,
+            on_replica_ready=self._on_replica_ready,
+            on_replica_stopped=self._on_replica_stopped,
             clock=self.clock,
         )
         self.versions = VersionController(self.manager, settings.rollback_grace_s)
@@ -169,7 +170,15 @@ class App:
     async def _on_ready(self, record: ModelRecord) -> None:
         if record.scheduler is not None:
             return
-        info = record.info
+        record.scheduler = await self._make_scheduler(record, None)
+
+    async def _on_replica_ready(self, record: ModelRecord, replica: Replica) -> None:
+        replica.scheduler = await self._make_scheduler(record, replica)
+
+    async def _make_scheduler(self, record: ModelRecord, replica: Replica | None) -> ModelScheduler:
+        """The scheduler of one replica (``None``: the version's first, the record itself)."""
+        holder: ModelRecord | Replica = record if replica is None else replica
+        info = holder.info
         assert info is not None
         config = SchedulerConfig.from_model_config(
             record.config,
@@ -177,40 +186,36 @@ class App:
             max_batch_elements=self.settings.limits.max_request_elements,
         )
 
-        async def execute(batch: dict[str, np.ndarray], deadline: float) -> dict[str, np.ndarray]:
-            instance = record.instance
-            if instance is None or not instance.is_alive:
-                raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
-            remaining = deadline - self.clock.monotonic()
-            if remaining <= 0:
-                # Dispatching now would only get a healthy worker killed for overrunning.
-                raise DeadlineExceededError(f"model {record.key}: deadline passed before it ran")
-            record.in_flight += 1
-            try:
-                return await instance.infer(batch, remaining)
-            finally:
-                record.in_flight -= 1
+        execute = replica_execute(record, holder, self.clock)
+        metrics_hook = self.metrics.batch_hook(record.key.name, record.key.version)
 
-        scheduler = ModelScheduler(
-            str(record.key),
-            config,
-            execute,
-            on_batch=self.metrics.batch_hook(record.key.name, record.key.version),
-            clock=self.clock,
-        )
+        def on_batch(rows: int, queue_waits_s: list[float], compute_s: float) -> None:
+            metrics_hook(rows, queue_waits_s, compute_s)
+            if queue_waits_s:  # the scaler reads the longest wait since its last look
+                record.queue_wait_s = max(record.queue_wait_s, max(queue_waits_s))
+
+        name = str(record.key) if replica is None else str(replica.key)
+        scheduler = ModelScheduler(name, config, execute, on_batch=on_batch, clock=self.clock)
         key = record.key
 
         def breaker_changed(old: object, new: object) -> None:
             message = f"circuit breaker {getattr(old, 'value', old)} → {getattr(new, 'value', new)}"
-            log.warning("model %s: %s", key, message)
+            log.warning("model %s: %s", name, message)
             self.manager.events.add("breaker", key, message)
 
         scheduler.breaker.on_change = breaker_changed
         await scheduler.start()
-        record.scheduler = scheduler
+        return scheduler
 
     def _on_unloaded(self, record: ModelRecord) -> None:
         scheduler, record.scheduler = record.scheduler, None
+        self._close_scheduler(scheduler)
+
+    def _on_replica_stopped(self, replica: Replica) -> None:
+        scheduler, replica.scheduler = replica.scheduler, None
+        self._close_scheduler(scheduler)
+
+    def _close_scheduler(self, scheduler: ModelScheduler | None) -> None:
         if scheduler is not None:
             task = asyncio.ensure_future(scheduler.close())
             self._closing_tasks.add(task)

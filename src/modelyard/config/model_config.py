@@ -3,10 +3,12 @@ MiB (see :mod:`modelyard.config.units` for the older names that still load)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
+from modelyard.config.devices import AUTO, DEVICE_NAME_PATTERN, ReplicasConfig
 from modelyard.config.units import OldName, from_old_names
 
 RuntimeKind = Literal[
@@ -151,8 +153,15 @@ class ModelConfig(BaseModel):
     """Memory-map ONNX external-data weights so replicas share them."""
     intra_op_threads: PositiveInt = 1
     """Threads one inference may use (ONNX Runtime intra-op)."""
-    device: str = "cpu"
-    """Device whose budget the model uses."""
+    device: str = Field(default="cpu", pattern=DEVICE_NAME_PATTERN)
+    """The one device the model may use (shorthand for ``devices: [<device>]``)."""
+    devices: list[str] | Literal["auto"] | None = None
+    """Devices the model may be placed on, in order of preference (``[cuda:0, cpu]``),
+    or ``auto`` (any configured device). Each load and each replica goes to the allowed
+    device where it fits at the lowest cost; a CUDA device that is missing is skipped
+    only when the list goes on to another device, never silently replaced."""
+    replicas: ReplicasConfig = Field(default_factory=ReplicasConfig)
+    """Workers of one version serving at once (``{min, max}``) and when to scale."""
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     """Circuit breaker settings."""
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
@@ -184,4 +193,23 @@ class ModelConfig(BaseModel):
             raise ValueError("'class' must be 'module:Class'")
         if self.is_generative and self.isolation != "process":
             raise ValueError(f"runtime {self.runtime!r} runs in a worker process only")
+        if isinstance(self.devices, list):
+            if not self.devices:
+                raise ValueError("'devices' must name at least one device (or be 'auto')")
+            for name in self.devices:
+                if not re.match(DEVICE_NAME_PATTERN, name):
+                    raise ValueError(f"'devices': {name!r} is not a device name")
+            if len(set(self.devices)) != len(self.devices):
+                raise ValueError("'devices' names a device twice")
+            if "device" in self.model_fields_set and [self.device] != self.devices:
+                raise ValueError("set 'device' or 'devices', not both")
         return self
+
+    @property
+    def allowed_devices(self) -> list[str] | None:
+        """The devices this model may use in order of preference; None for ``auto``."""
+        if self.devices == AUTO:
+            return None
+        if isinstance(self.devices, list):
+            return list(self.devices)
+        return [self.device]

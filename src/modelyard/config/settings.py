@@ -26,6 +26,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
+from modelyard.config.devices import DeviceConfig, check_core_sets
 from modelyard.config.limits import LimitsConfig
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.remote_load import RemoteLoadConfig
@@ -37,24 +38,19 @@ ENV_PREFIX = "MODELYARD_"
 
 OFF_WORDS = frozenset({"", "off", "none", "null", "false", "no", "disabled"})
 """What ``grpc_port`` may say (YAML, environment or flag) to turn gRPC off."""
+__all__ = [
+    "ConfigError",
+    "DeviceConfig",
+    "PrefetchConfig",
+    "ServerSettings",
+    "load_settings",
+]
 
 _FILE_DATA: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("_FILE_DATA")
 
 
 class ConfigError(Exception):
     """A configuration mistake: names the file, the field and the reason."""
-
-
-class DeviceConfig(BaseModel):
-    """A device and the bytes loaded models may hold on it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str = Field(pattern=r"^(cpu|cuda:\d+)$")
-    """``cpu`` or ``cuda:N``."""
-    memory_budget_mb: float | None = Field(default=None, gt=0)
-    """Budget in MiB; default: half of the host's RAM (``psutil``'s total), for every
-    device alike, ``cuda:N`` included: name a GPU's budget explicitly."""
 
 
 class PrefetchConfig(BaseModel):
@@ -120,7 +116,8 @@ class ServerSettings(BaseSettings):
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     """Tokens per plane and TLS; see docs/security.md."""
     devices: list[DeviceConfig] = Field(default_factory=lambda: [DeviceConfig(name="cpu")])
-    """Devices and their byte budgets."""
+    """Devices and their byte budgets: ``cpu``, CPU core sets (``cpu:0-1``) and
+    ``cuda:N``; see README, "Devices and replicas"."""
     models: list[ModelConfig] = Field(default_factory=list)
     """The models this server knows."""
     exit_on_error: bool = True
@@ -150,10 +147,14 @@ class ServerSettings(BaseSettings):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"model names must be unique; repeated: {', '.join(dupes)}")
-        devices = {d.name for d in self.devices}
+        devices = [d.name for d in self.devices]
+        if len(set(devices)) != len(devices):
+            raise ValueError("devices: a device is listed twice")
+        check_core_sets([d.parsed for d in self.devices])
         for m in self.models:
-            if m.device not in devices:
-                raise ValueError(f"model {m.name!r} names unknown device {m.device!r}")
+            for name in m.allowed_devices or ():
+                if name not in devices:
+                    raise ValueError(f"model {m.name!r} names unknown device {name!r}")
         return self
 
     @property

@@ -5,6 +5,11 @@ its worker starts; if they do not fit, the eviction policy names victims among t
 READY, unpinned models of no higher priority, and the load waits on :attr:`changed`
 until their memory is back. A load that cannot fit even then is refused with the
 reason (pinned and higher-priority models named).
+
+Every decision is per device: a load is admitted on the device placement chose for it
+(``record.device``, or the ``device`` an extra replica goes to), and victims are only
+what sits on that device. Extra replicas (scale-out) leave before whole models: they
+are spare capacity, and the model keeps serving on its other replicas.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from modelyard.errors import DeadlineExceededError, MemoryBudgetError
 from modelyard.manager.budget import MemoryBudget, SharedFile
 from modelyard.manager.eviction import EvictionPolicy, select_victims
 from modelyard.manager.llm_memory import GgufEstimate, estimate_gguf
-from modelyard.manager.records import ModelKey, ModelRecord
+from modelyard.manager.records import Holder, ModelRecord, Replica, ReplicaState
 from modelyard.manager.states import RESIDENT, ModelState
 from modelyard.repository.gguf import GGUFError
 from modelyard.repository.layout import dir_size_bytes
@@ -42,6 +47,7 @@ class Admission:
         records: Callable[[], Iterable[ModelRecord]],
         evict: Callable[[ModelRecord, str], None],
         clock: Clock,
+        evict_replica: Callable[[ModelRecord, Replica, str], None] | None = None,
     ) -> None:
         self.budget = budget
         self.policy = policy
@@ -49,6 +55,8 @@ class Admission:
         self._evict = evict
         """Starts evicting a victim in the background (the manager owns the task)."""
         self._clock = clock
+        self._evict_replica = evict_replica
+        """Starts stopping a spare replica in the background (the manager owns the task)."""
         self.changed = asyncio.Condition()
         """Notified whenever memory is released or a model's state settles."""
 
@@ -99,21 +107,47 @@ class Admission:
             return []
         return weight_files(record.path)
 
-    def candidates(self, loader: ModelRecord, *, loading: bool = False) -> list[ModelRecord]:
-        """Models ``loader`` may evict: READY ones (or, with ``loading``, those on the way)."""
+    def candidates(
+        self, loader: ModelRecord, *, loading: bool = False, device: str | None = None
+    ) -> list[ModelRecord]:
+        """Models ``loader`` may evict on ``device`` (default: its own): READY ones (or,
+        with ``loading``, those on the way)."""
+        device = device or loader.device
         states = (ModelState.LOADING, ModelState.WARMING) if loading else (ModelState.READY,)
         return [
             r
             for r in self.records()
             if r is not loader
-            and r.config.device == loader.config.device
+            and r.device == device
             and r.state in states
             and not r.pinned
             and r.config.priority >= loader.config.priority
         ]
 
-    def refusal(self, record: ModelRecord, need: int) -> MemoryBudgetError:
-        dev = self.budget.device(record.config.device)
+    def spare_replicas(self, loader: ModelRecord, device: str) -> list[tuple[ModelRecord, Replica]]:
+        """Extra replicas on ``device`` that a load of ``loader`` may stop, idlest first.
+
+        Any model's spare replica of no higher priority qualifies (a pin keeps the model
+        loaded, not its spare capacity); the loader's own replicas do not.
+        """
+        spares = [
+            (r, rep)
+            for r in self.records()
+            if r is not loader and r.config.priority >= loader.config.priority
+            for rep in r.replicas
+            if rep.device == device and rep.state is ReplicaState.READY
+        ]
+        return sorted(spares, key=lambda p: (p[1].pending > 0, p[1].last_busy))
+
+    def holders(self, record: ModelRecord, device: str) -> list[Holder]:
+        """The reservations evicting ``record`` gives back on ``device``."""
+        keys: list[Holder] = [record.key] if record.device == device else []
+        return keys + [rep.key for rep in record.replicas if rep.device == device]
+
+    def refusal(
+        self, record: ModelRecord, need: int, device: str | None = None
+    ) -> MemoryBudgetError:
+        dev = self.budget.device(device or record.device)
         pinned = [str(r.key) for r in self.records() if r.pinned and r.state in RESIDENT]
         higher = [
             str(r.key)
@@ -135,12 +169,17 @@ class Admission:
         deadline: float | None,
         *,
         may_evict: bool = True,
+        device: str | None = None,
+        holder: Holder | None = None,
     ) -> None:
-        """Reserve ``need`` bytes for ``record``, evicting allowed victims to make room.
+        """Reserve ``need`` bytes for ``record`` on ``device``, evicting allowed victims.
 
-        With ``may_evict`` False (prefetches) it only takes free room, or refuses.
+        ``device`` defaults to where ``record`` is placed and ``holder`` to its first
+        replica; an extra replica passes its own device and key. With ``may_evict``
+        False (prefetches, scale-out) it only takes free room, or refuses.
         """
-        device = record.config.device
+        device = device or record.device
+        holder = holder or record.key
         dev = self.budget.device(device)
         # ``need`` is the private part; mapped weight files are charged once per file.
         files = self.mapped_files(record)
@@ -153,32 +192,34 @@ class Admission:
                 f"{dev.budget_bytes / _MIB:.1f} MiB budget of {device}{why}"
             )
         while True:
-            if self.budget.try_reserve(device, record.key, need, files):
-                record.reserved_bytes = self.budget.reserved(device, record.key)
+            if self.budget.try_reserve(device, holder, need, files):
+                if holder == record.key:
+                    record.reserved_bytes = self.budget.reserved(device, holder)
                 return
-            current = dev.reservations.get(record.key, 0)
+            current = dev.reservations.get(holder, 0)
             missing = need - current + dev.uncharged_bytes(files) - dev.free_bytes
-            # What models already on their way out will give back, counted by the
-            # budget: a file they share with models that stay is not freed by them.
-            leaving_keys = [
-                r.key
-                for r in self.records()
-                if r.config.device == device
-                and r.state in (ModelState.DRAINING, ModelState.UNLOADING)
-            ]
+            # What is already on its way out will give back, counted by the budget: a
+            # file shared with models that stay is not freed by them.
+            leaving_keys = self.leaving(device)
             leaving = self.budget.freed_by(device, leaving_keys, files)
             if not may_evict:
-                raise self.refusal(record, need + dev.uncharged_bytes(files))
+                raise self.refusal(record, need + dev.uncharged_bytes(files), device)
             if leaving < missing:
-                victims = self.victims(record, missing, files, leaving_keys)
-                if victims is None:
+                plan = self.plan(record, device, missing, files, leaving_keys)
+                if plan is None:
                     # Models still loading become evictable once READY: wait for them
                     # rather than refuse, unless even they could not make room.
-                    others = self.candidates(record) + self.candidates(record, loading=True)
-                    keys = leaving_keys + [r.key for r in others]
+                    others = self.candidates(record, device=device) + self.candidates(
+                        record, loading=True, device=device
+                    )
+                    keys = leaving_keys + [k for r in others for k in self.holders(r, device)]
                     if self.budget.freed_by(device, keys, files) < missing:
-                        raise self.refusal(record, need + dev.uncharged_bytes(files))
+                        raise self.refusal(record, need + dev.uncharged_bytes(files), device)
                 else:
+                    spares, victims = plan
+                    for owner, replica in spares:
+                        if self._evict_replica is not None:
+                            self._evict_replica(owner, replica, f"making room for {record.key}")
                     for victim in victims:
                         self._evict(victim, f"making room for {record.key}")
             remaining = None if deadline is None else deadline - self._clock.monotonic()
@@ -190,12 +231,50 @@ class Admission:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.changed.wait(), remaining)
 
+    def leaving(self, device: str) -> list[Holder]:
+        """Reservations on ``device`` whose models or replicas are already on their way out."""
+        keys: list[Holder] = []
+        for r in self.records():
+            if r.device == device and r.state in (ModelState.DRAINING, ModelState.UNLOADING):
+                keys.append(r.key)
+            keys += [
+                rep.key
+                for rep in r.replicas
+                if rep.device == device and rep.state is ReplicaState.DRAINING
+            ]
+        return keys
+
+    def plan(
+        self,
+        record: ModelRecord,
+        device: str,
+        missing: int,
+        files: list[SharedFile],
+        leaving: list[Holder],
+    ) -> tuple[list[tuple[ModelRecord, Replica]], list[ModelRecord]] | None:
+        """Spare replicas, then whole models, that free ``missing`` bytes on ``device``.
+
+        Spare replicas go first (idlest first); whole models follow in the policy's
+        order (see :meth:`victims`). None when even all of them would not do.
+        """
+        spares: list[tuple[ModelRecord, Replica]] = []
+        keys = list(leaving)
+        for owner, replica in self.spare_replicas(record, device):
+            if self.budget.freed_by(device, keys, files) >= missing:
+                break
+            spares.append((owner, replica))
+            keys.append(replica.key)
+        victims = self.victims(record, missing, files, keys, device=device)
+        return None if victims is None else (spares, victims)
+
     def victims(
         self,
         record: ModelRecord,
         missing: int,
         files: list[SharedFile],
-        leaving: list[ModelKey],
+        leaving: list[Holder],
+        *,
+        device: str | None = None,
     ) -> list[ModelRecord] | None:
         """The shortest prefix of the policy's order that, with ``leaving``, frees ``missing``.
 
@@ -203,9 +282,10 @@ class Admission:
         several models share is freed only when all of them go, and one ``record``
         will map anyway is not freed at all.
         """
-        device = record.config.device
-        candidates = self.candidates(record)
-        if not files and not self.budget.device(device).shared:
+        device = device or record.device
+        candidates = self.candidates(record, device=device)
+        replicated = any(r.replicas for r in candidates)
+        if not files and not self.budget.device(device).shared and not replicated:
             # No shared files: each victim frees exactly its own reservation.
             return select_victims(
                 self.policy, candidates, missing - self.budget.freed_by(device, leaving)
@@ -215,11 +295,12 @@ class Admission:
             return chosen
         for victim in self.policy.order(candidates):
             chosen.append(victim)
-            keys = leaving + [r.key for r in chosen]
+            keys = leaving + [k for r in chosen for k in self.holders(r, device)]
             if self.budget.freed_by(device, keys, files) >= missing:
                 return chosen
         return None
 
     def release(self, record: ModelRecord) -> None:
-        self.budget.release(record.config.device, record.key)
+        """Give back the first replica's reservation (extra replicas release their own)."""
+        self.budget.release(record.device, record.key)
         record.reserved_bytes = 0

@@ -3,11 +3,13 @@
 There is no ``await`` in here, so on one event loop the check-then-reserve of
 :meth:`MemoryBudget.try_reserve` is atomic without a lock.
 
-A reservation has two parts. The **private** part is memory only that model's replica
-holds (its worker's USS, less any mapped weight file). **Shared files** are weight files
-that models memory-map (``share_weights``): the kernel holds one copy of a file's pages in
-the page cache however many workers map it, so the ledger charges each file once, while
-any model maps it, and gives the bytes back when its last user releases. A file is
+Reservations are held per replica: a version's first replica under its ``ModelKey``,
+each extra replica under its ``ReplicaKey`` (see ``records.py``). A reservation has two
+parts. The **private** part is memory only that replica holds (its worker's USS, less
+any mapped weight file). **Shared files** are weight files that models memory-map
+(``share_weights``): the kernel holds one copy of a file's pages in the page cache
+however many workers map it, so the ledger charges each file once per device, while any
+replica there maps it, and gives the bytes back when its last user releases. A file is
 identified by ``(dev, inode, size, mtime)`` (see ``workers/footprint.py``: hard links
 are one file, a file replaced in place is a new one).
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from modelyard.manager.records import ModelKey
+from modelyard.manager.records import Holder
 from modelyard.workers.footprint import MappedFile as SharedFile
 
 __all__ = ["DeviceBudget", "MemoryBudget", "SharedCharge", "SharedFile"]
@@ -28,7 +30,7 @@ class SharedCharge:
     """A shared file charged to a device, and the models that map it."""
 
     file: SharedFile
-    users: set[ModelKey] = field(default_factory=set)
+    users: set[Holder] = field(default_factory=set)
 
 
 @dataclass
@@ -37,7 +39,7 @@ class DeviceBudget:
 
     name: str
     budget_bytes: int
-    reservations: dict[ModelKey, int] = field(default_factory=dict)
+    reservations: dict[Holder, int] = field(default_factory=dict)
     """Private bytes of each resident model."""
     shared: dict[SharedFile, SharedCharge] = field(default_factory=dict)
     """Mapped weight files, each charged once for all the models that map it."""
@@ -73,7 +75,7 @@ class MemoryBudget:
         return self.devices[name]
 
     def try_reserve(
-        self, device: str, key: ModelKey, nbytes: int, files: Iterable[SharedFile] = ()
+        self, device: str, key: Holder, nbytes: int, files: Iterable[SharedFile] = ()
     ) -> bool:
         """Set ``key``'s private reservation to ``nbytes`` and charge the ``files`` it maps.
 
@@ -91,7 +93,7 @@ class MemoryBudget:
             dev.shared.setdefault(f, SharedCharge(f)).users.add(key)
         return True
 
-    def resize(self, device: str, key: ModelKey, nbytes: int) -> bool:
+    def resize(self, device: str, key: Holder, nbytes: int) -> bool:
         """Replace ``key``'s private reservation by ``nbytes`` (the measured footprint).
 
         Shrinking always succeeds. Growing succeeds only within the budget; when it
@@ -101,7 +103,7 @@ class MemoryBudget:
         """
         return self.try_reserve(device, key, nbytes)
 
-    def release(self, device: str, key: ModelKey) -> int:
+    def release(self, device: str, key: Holder) -> int:
         """Drop ``key``'s reservation; returns the bytes given back.
 
         That is its private part plus the shared files it was the last user of.
@@ -115,7 +117,7 @@ class MemoryBudget:
                 freed += f.size
         return freed
 
-    def reserved(self, device: str, key: ModelKey) -> int:
+    def reserved(self, device: str, key: Holder) -> int:
         """Bytes releasing ``key`` would give back now (0 if none).
 
         Its private part plus the shared files only it maps; a file other models map
@@ -125,9 +127,7 @@ class MemoryBudget:
         own = sum(f.size for f, c in dev.shared.items() if c.users == {key})
         return dev.reservations.get(key, 0) + own
 
-    def freed_by(
-        self, device: str, keys: Iterable[ModelKey], keep: Iterable[SharedFile] = ()
-    ) -> int:
+    def freed_by(self, device: str, keys: Iterable[Holder], keep: Iterable[SharedFile] = ()) -> int:
         """Bytes given back if every model in ``keys`` left.
 
         Their private parts, plus the shared files no other model maps; files in
@@ -142,6 +142,6 @@ class MemoryBudget:
                 freed += f.size
         return freed
 
-    def files_of(self, device: str, key: ModelKey) -> list[SharedFile]:
+    def files_of(self, device: str, key: Holder) -> list[SharedFile]:
         """The shared files ``key`` holds a charge on."""
         return [f for f, c in self.devices[device].shared.items() if key in c.users]

@@ -27,13 +27,14 @@ from modelyard.errors import (
 )
 from modelyard.manager.admission import Admission
 from modelyard.manager.events import EventLog
+from modelyard.manager.placement import Placer
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.registry import ModelRegistry
 from modelyard.manager.states import ModelState, can_transition
 from modelyard.manager.tasks import TaskOwner
 from modelyard.repository.manifest import load_public_key, verify_manifest
 from modelyard.runtimes.base import RuntimeSpec
-from modelyard.workers.instance import ModelInstance, StartRequest
+from modelyard.workers.instance import InstanceInfo, ModelInstance, StartRequest
 
 log = logging.getLogger("modelyard.manager")
 
@@ -63,6 +64,7 @@ class Loader:
         *,
         registry: ModelRegistry,
         admission: Admission,
+        placer: Placer,
         tasks: TaskOwner,
         events: EventLog,
         clock: Clock,
@@ -73,6 +75,7 @@ class Loader:
         self._factory = factory
         self._registry = registry
         self._admission = admission
+        self.placer = placer
         self._tasks = tasks
         self.events = events
         self._clock = clock
@@ -204,6 +207,25 @@ class Loader:
                 self._say_unverified(record)
             need = self._admission.estimate_bytes(record)
             try:
+                placement = self.placer.place(record, need, may_evict=not prefetch)
+            except ModelLoadError as exc:
+                if prefetch:
+                    return
+                # No allowed device can run it (a CUDA device missing and no fallback in
+                # its list): a genuine failure, retried after the backoff.
+                self.fail(record, str(exc), "load_failed")
+                return
+            except ServerError as exc:
+                if prefetch:
+                    return
+                self.set_state(record, ModelState.FAILED, str(exc))
+                self.events.add("load_refused", record.key, str(exc))
+                raise
+            record.device = placement.device
+            if placement.had_choice:  # one allowed device: nothing was decided
+                self.events.add("placed", record.key, placement.reason)
+                log.info("placing %s: %s", record.key, placement.reason)
+            try:
                 await self._admission.admit(record, need, deadline, may_evict=not prefetch)
             except DeadlineExceededError:
                 if prefetch:
@@ -279,26 +301,18 @@ class Loader:
                 (record.measured_bytes or 0) / _MIB,
             )
 
-    async def _start_instance(self, record: ModelRecord) -> None:
+    def start_request(self, record: ModelRecord, device: str) -> StartRequest:
+        """What a worker of ``record`` on ``device`` is started with."""
         cfg = record.config
-        instance = self._factory(cfg)
-        spec = RuntimeSpec(
-            kind=cfg.runtime,
-            version_dir=str(record.path),
-            model_name=cfg.name,
-            trusted=cfg.trusted,
-            python_class=cfg.python_class,
-            intra_op_threads=cfg.intra_op_threads,
-            share_weights=cfg.share_weights,
-            device=cfg.device,
-            options=_runtime_options(cfg),
-            model_file=record.model_file,
-        )
-        warmup = (
-            {k: np.asarray(v) for k, v in cfg.warmup_inputs.items()} if cfg.warmup_inputs else None
-        )
+        parsed = self.placer.devices[device].parsed
         limit = None
-        if cfg.memory_limit_mb:
+        gpu_limit = None
+        if parsed.is_cuda:
+            # ``memory_limit_mb`` caps the device memory of a CUDA model; the host limit
+            # is left off, as RLIMIT_AS would refuse the CUDA driver's address space.
+            if cfg.memory_limit_mb:
+                gpu_limit = int(cfg.memory_limit_mb * _MIB)
+        elif cfg.memory_limit_mb:
             limit = int(cfg.memory_limit_mb * _MIB)
         elif record.measured_bytes:
             # A margin over what the model was measured to need last time.
@@ -306,8 +320,38 @@ class Loader:
             # Mapped weight files are not in the measured footprint, but their pages
             # count in the worker's private memory while it is their only mapper.
             limit += sum(f.size for f in self._admission.mapped_files(record))
+        spec = RuntimeSpec(
+            kind=cfg.runtime,
+            version_dir=str(record.path),
+            model_name=cfg.name,
+            trusted=cfg.trusted,
+            python_class=cfg.python_class,
+            # A core set's workers run one thread per core of the set.
+            intra_op_threads=len(parsed.cores) if parsed.cores else cfg.intra_op_threads,
+            share_weights=cfg.share_weights,
+            device=device,
+            cores=parsed.cores,
+            gpu_memory_limit_bytes=gpu_limit,
+            options=_runtime_options(cfg),
+            model_file=record.model_file,
+        )
+        warmup = (
+            {k: np.asarray(v) for k, v in cfg.warmup_inputs.items()} if cfg.warmup_inputs else None
+        )
+        return StartRequest(spec, warmup, limit)
+
+    async def spawn(
+        self, record: ModelRecord, device: str
+    ) -> tuple[ModelInstance, InstanceInfo, int]:
+        """Start and warm up one worker of ``record`` on ``device``.
+
+        Returns the instance, what it reported, and its footprint on the device: the
+        worker's USS for CPU devices; for ``cuda:N``, the device memory NVML reports
+        for the worker's process (the USS when NVML cannot tell).
+        """
+        instance = self._factory(record.config)
         try:
-            info = await instance.start(StartRequest(spec, warmup, limit))
+            info = await instance.start(self.start_request(record, device))
         except ServerError:
             await instance.stop()
             raise
@@ -317,18 +361,27 @@ class Loader:
         except BaseException:
             await instance.stop()  # cancelled (load timeout, removal, close): no orphan
             raise
+        footprint = info.footprint_bytes
+        if info.pid is not None:
+            on_device = self.placer.devices.process_device_bytes(device, info.pid)
+            if on_device is not None:
+                footprint = on_device
+        return instance, info, footprint
+
+    async def _start_instance(self, record: ModelRecord) -> None:
+        instance, info, footprint = await self.spawn(record, record.device)
         record.instance = instance
         record.info = info
         record.timings.process_start_s = info.process_start_s
         record.timings.runtime_load_s = info.load_s
         record.timings.warmup_s = info.warmup_s
         self.set_state(record, ModelState.WARMING)
-        record.measured_bytes = info.footprint_bytes
-        device = cfg.device
-        if not self._admission.budget.resize(device, record.key, max(info.footprint_bytes, 1)):
+        record.measured_bytes = footprint
+        device = record.device
+        if not self._admission.budget.resize(device, record.key, max(footprint, 1)):
             # Measured more than reserved and the rest does not fit: make room or give up.
             try:
-                await self._admission.admit(record, info.footprint_bytes, None)
+                await self._admission.admit(record, footprint, None)
             except ServerError:
                 await instance.stop()
                 record.instance = None

@@ -21,12 +21,15 @@ from modelyard.config.settings import ServerSettings
 from modelyard.errors import ModelStateConflictError, NotSupportedError, ServerError
 from modelyard.manager.admission import Admission
 from modelyard.manager.budget import MemoryBudget, SharedFile
+from modelyard.manager.devices import DeviceTable, default_budget_bytes
 from modelyard.manager.events import EventLog
 from modelyard.manager.eviction import EvictionPolicy, make_policy
 from modelyard.manager.loader import InstanceFactory, Loader
+from modelyard.manager.placement import Placer
 from modelyard.manager.prefetch import MarkovPredictor, Prefetcher
-from modelyard.manager.records import ModelEntry, ModelRecord
+from modelyard.manager.records import ModelEntry, ModelRecord, Replica
 from modelyard.manager.registry import ModelRegistry
+from modelyard.manager.replicas import ReplicaReady, ReplicaScaler, ReplicaStopped
 from modelyard.manager.states import RESIDENT, ModelState
 from modelyard.manager.tasks import TaskOwner
 from modelyard.protocol.names import check_model_name
@@ -36,13 +39,6 @@ __all__ = ["InstanceFactory", "ModelManager", "default_budget_bytes"]
 log = logging.getLogger("modelyard.manager")
 
 _MIB = 1024 * 1024
-
-
-def default_budget_bytes() -> int:
-    """Half of the host's physical memory."""
-    import psutil
-
-    return int(psutil.virtual_memory().total // 2)
 
 
 class ModelManager:
@@ -57,7 +53,10 @@ class ModelManager:
         events: EventLog | None = None,
         on_ready: Callable[[ModelRecord], Awaitable[None]] | None = None,
         on_unloaded: Callable[[ModelRecord], None] | None = None,
+        on_replica_ready: ReplicaReady | None = None,
+        on_replica_stopped: ReplicaStopped | None = None,
         clock: Clock | None = None,
+        devices: DeviceTable | None = None,
     ) -> None:
         self._settings = settings
         self.clock: Clock = clock or MonotonicClock()
@@ -65,36 +64,46 @@ class ModelManager:
         self.events = events or EventLog()
         self.registry = ModelRegistry(settings, self.events, self.clock)
         self.tasks = TaskOwner()
-        budget = MemoryBudget(
-            {
-                d.name: int(d.memory_budget_mb * _MIB)
-                if d.memory_budget_mb
-                else default_budget_bytes()
-                for d in settings.devices
-            }
-        )
+        self.devices = devices or DeviceTable(settings.devices)
+        """Every configured device: budget, kind, and why it cannot be used if so."""
+        budget = MemoryBudget(self.devices.budgets())
         self.admission = Admission(
             budget,
             policy or make_policy(settings.eviction_policy),
             self.records,
             lambda victim, reason: self._spawn_evict(victim, reason),
             self.clock,
+            evict_replica=lambda owner, replica, reason: self._evict_replica(
+                owner, replica, reason
+            ),
         )
+        self.placer = Placer(self.devices, self.admission)
         self._loader = Loader(
             settings,
             instance_factory,
             registry=self.registry,
             admission=self.admission,
+            placer=self.placer,
             tasks=self.tasks,
             events=self.events,
             clock=self.clock,
             on_ready=on_ready,
             on_unloaded=on_unloaded,
         )
+        self.scaler = ReplicaScaler(
+            records=self.records,
+            loader=self._loader,
+            admission=self.admission,
+            tasks=self.tasks,
+            events=self.events,
+            clock=self.clock,
+            on_ready=on_replica_ready,
+            on_stopped=on_replica_stopped,
+        )
         self.prefetcher = Prefetcher(
             settings.prefetch,
             lambda name: self.registry.resolve(name, None),
-            lambda r: self.budget.device(r.config.device).free_bytes,
+            self._free_bytes_for,
             self.admission.estimate_bytes,
         )
         for cfg in settings.models:
@@ -187,6 +196,7 @@ class ModelManager:
         or a failed load), naming the file, field and reason; the caller decides whether
         that stops the start (``exit_on_error``). Those models stay listed as FAILED.
         """
+        self.scaler.start()
         problems = [
             f"{self.registry.field(e, 'path')}: {self.missing_reason(e)}"
             for e in self.entries.values()
@@ -247,10 +257,14 @@ class ModelManager:
         instance = record.instance
         if record.state is ModelState.READY:
             self._loader.set_state(record, ModelState.DRAINING, reason)
+            if record.replicas:
+                await self.scaler.stop_all(record, reason)
             if record.scheduler is not None:
                 await record.scheduler.drain()
             while record.in_flight > 0:
                 await asyncio.sleep(0.005)
+        if record.replicas:  # replicas of a model that failed or is already draining
+            await self.scaler.stop_all(record, reason)
         if record.state is ModelState.DRAINING:
             self._loader.set_state(record, ModelState.UNLOADING, reason)
         record.instance = None
@@ -322,6 +336,19 @@ class ModelManager:
 
     def _spawn_evict(self, victim: ModelRecord, reason: str) -> None:
         self.tasks.spawn(self.evict(victim, reason=reason))
+
+    def _evict_replica(self, owner: ModelRecord, replica: Replica, reason: str) -> None:
+        owner.stats.evictions += 1
+        self.scaler.remove(owner, replica, f"evicted: {reason}")
+
+    def _free_bytes_for(self, record: ModelRecord) -> int:
+        """The most free budget on a usable device ``record`` may be placed on."""
+        free = [
+            self.budget.device(name).free_bytes
+            for name in self.devices.allowed(record.config)
+            if self.devices[name].is_usable
+        ]
+        return max(free, default=0)
 
     def touch(self, record: ModelRecord) -> None:
         """Note a request for LRU, the stats view and the prefetch predictor."""

@@ -6,6 +6,7 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,78 @@ class ModelKey:
 
     def __str__(self) -> str:
         return f"{self.name}:{self.version}"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ReplicaKey:
+    """An extra replica of a model version: its own worker and its own reservation.
+
+    The first replica of a version is the :class:`ModelRecord` itself (its reservation is
+    held under the :class:`ModelKey`); extra ones, started by scale-out or ``replicas.min``,
+    are numbered from 1.
+    """
+
+    name: str
+    version: str
+    index: int
+
+    @property
+    def model(self) -> ModelKey:
+        """The version this replica serves."""
+        return ModelKey(self.name, self.version)
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.version}#{self.index}"
+
+
+Holder = ModelKey | ReplicaKey
+"""Who holds a reservation on a device: a version's first replica, or an extra replica."""
+
+
+class ReplicaState(Enum):
+    """Where an extra replica is in its short life."""
+
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    """Stopping: scaled in, evicted, its worker died, or its model is unloading."""
+
+
+@dataclass(eq=False)
+class Replica:
+    """An extra replica of a version: a worker on one device with its own scheduler."""
+
+    key: ReplicaKey
+    device: str
+    state: ReplicaState = ReplicaState.STARTING
+    instance: ModelInstance | None = None
+    info: InstanceInfo | None = None
+    scheduler: ModelScheduler | None = None
+    reserved_bytes: int = 0
+    measured_bytes: int | None = None
+    in_flight: int = 0
+    """Batches running on its instance now."""
+    leases: int = 0
+    """Requests routed to it that have not finished."""
+    last_busy: float = 0.0
+    """When it last had a request routed to it or outstanding (manager's clock)."""
+
+    @property
+    def is_ready(self) -> bool:
+        """True when it can take requests now."""
+        return (
+            self.state is ReplicaState.READY
+            and self.instance is not None
+            and self.instance.is_alive
+            and self.scheduler is not None
+            and self.scheduler.is_accepting
+        )
+
+    @property
+    def pending(self) -> int:
+        """Requests queued, running or routed to it."""
+        queued = self.scheduler.pending if self.scheduler is not None else 0
+        return max(queued, self.in_flight, self.leases)
 
 
 @dataclass
@@ -85,6 +158,25 @@ class ModelRecord:
     """The one file to load in ``path`` when the config's ``path`` names a file."""
     backoff: LoadBackoff = field(default_factory=LoadBackoff)
     """When requests may retry a failed load."""
+    device: str = ""
+    """The device its first replica is placed on (or was, last; for ``devices: auto``,
+    empty until the first placement)."""
+    replicas: list[Replica] = field(default_factory=list)
+    """Extra replicas (scale-out), each its own worker; empty for most models."""
+    route_leases: int = 0
+    """Requests routed to the first replica itself (not to an extra one)."""
+    busy_since: float | None = None
+    """Since when the model's queues have stayed above the scale-out target (None: not)."""
+    queue_wait_s: float = 0.0
+    """The longest queue wait of a request run since the scaler last looked (its replicas'
+    schedulers report it after each batch)."""
+    next_replica: int = 1
+    """The index the next extra replica gets."""
+
+    def __post_init__(self) -> None:
+        if not self.device:
+            allowed = self.config.allowed_devices
+            self.device = allowed[0] if allowed else ""
 
     @property
     def is_ready(self) -> bool:
@@ -97,9 +189,16 @@ class ModelRecord:
 
     @property
     def pending(self) -> int:
-        """Requests queued or running for this version."""
+        """Requests queued or running for this version (on any of its replicas)."""
         queued = self.scheduler.pending if self.scheduler is not None else 0
+        queued += sum(r.scheduler.pending for r in self.replicas if r.scheduler is not None)
         return max(queued, self.in_flight, self.leases)
+
+    @property
+    def pending_on_self(self) -> int:
+        """Requests queued, running or routed on the first replica alone."""
+        queued = self.scheduler.pending if self.scheduler is not None else 0
+        return max(queued, self.in_flight, self.route_leases)
 
 
 @dataclass(frozen=True, slots=True)

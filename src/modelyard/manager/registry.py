@@ -158,11 +158,13 @@ class ModelRegistry:
             )
         for v in versions:  # a version folder may be a symlink too
             folder_in_repository(root, str(folder.relative_to(root) / str(v)), f"model {name!r}")
-        if model_config.device not in {d.name for d in self._settings.devices}:
-            raise InvalidInputError(
-                f"config for model {name!r} names device {model_config.device!r}, which this "
-                "server does not have"
-            )
+        known = {d.name for d in self._settings.devices}
+        for device in model_config.allowed_devices or ():
+            if device not in known:
+                raise InvalidInputError(
+                    f"config for model {name!r} names device {device!r}, which this "
+                    "server does not have"
+                )
         try:
             entry = self.add_model(model_config)
             if not entry.versions:  # the folder changed under us

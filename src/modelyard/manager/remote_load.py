@@ -39,6 +39,7 @@ TUNING_FIELDS = frozenset(
         "share_weights",
         "intra_op_threads",
         "device",
+        "devices",  # among the devices the operator configured (the registry checks)
         "breaker",
         "version_policy",
         "default_version",

@@ -7,13 +7,18 @@ the ones they are), makes sure it is READY (hot-loading it within the caller's
 deadline), and re-routes a request whose version was evicted or restarted between
 routing and queueing: it never ran, so a retry is safe.
 
-Replicas and devices will plug in here: a route will name one replica of a version
-(on one device) instead of the version, chosen by load and placement, and a lease
-will pin that replica.
+A version may have several replicas (its first, the record itself, and extra ones
+started by scale-out, each with its own worker and scheduler, maybe on another device).
+A request goes to the ready replica with the fewer requests outstanding of two picked
+at random (power of two choices: near the least-loaded choice without a scan, and
+without herding every request to the same one); a tie goes to the older replica, so
+spare replicas go idle, and are scaled in, once the load drops. The lease pins that
+replica until the request is done.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 from modelyard.clock import Clock
 from modelyard.errors import ModelNotReadyError
 from modelyard.manager.manager import ModelManager
-from modelyard.manager.records import ModelRecord
+from modelyard.manager.records import ModelRecord, Replica
 from modelyard.scheduling.scheduler import ModelScheduler
 from modelyard.workers.instance import InstanceInfo
 
@@ -34,6 +39,8 @@ class Route:
     """Where to submit one request: a ready version, its scheduler and the deadline."""
 
     record: ModelRecord
+    replica: Replica | None
+    """The extra replica it runs on (None: the version's first replica)."""
     info: InstanceInfo
     """The loaded instance's tensors (what the request is validated against)."""
     scheduler: ModelScheduler
@@ -55,6 +62,24 @@ class Router:
         self._clock = clock or manager.clock
         self.on_load_wait = on_load_wait
         """Called with the seconds a request waited for its model to load (metrics)."""
+        self._rng = random.Random()
+
+    def pick(self, record: ModelRecord) -> Replica | None:
+        """The replica of ``record`` a request goes to: of two ready ones picked at random,
+        the one with fewer requests outstanding (a tie: the older). None: the first
+        replica (the record itself), also when no extra replica is ready."""
+        ready: list[Replica | None] = [r for r in record.replicas if r.is_ready]
+        if not ready:
+            return None
+        if record.is_ready and record.scheduler is not None and record.scheduler.is_accepting:
+            ready.insert(0, None)
+        if len(ready) == 1:
+            return ready[0]
+        i, j = sorted(self._rng.sample(range(len(ready)), 2))
+        a, b = ready[i], ready[j]
+        load_a = record.pending_on_self if a is None else a.pending
+        load_b = record.pending_on_self if b is None else b.pending
+        return b if load_b < load_a else a
 
     def resolve(self, name: str, version: str | None) -> ModelRecord:
         """The record serving ``name`` at ``version`` (a version, an alias, or the default)."""
@@ -90,7 +115,8 @@ class Router:
         record.leases += 1
         try:
             for attempt in range(ROUTE_ATTEMPTS):
-                if not record.is_ready:
+                replica = self.pick(record)
+                if replica is None and not record.is_ready:
                     waited = clock.monotonic()
                     try:
                         await manager.ensure_ready(record, deadline=client_deadline)
@@ -100,13 +126,26 @@ class Router:
                     deadline += clock.monotonic() - waited
                     if client_deadline is not None:
                         deadline = min(deadline, client_deadline)
-                info = record.info
-                scheduler = record.scheduler
+                    replica = self.pick(record)
+                holder = record if replica is None else replica
+                info = holder.info
+                scheduler = holder.scheduler
                 if info is None or scheduler is None or not scheduler.is_accepting:
                     if attempt + 1 < ROUTE_ATTEMPTS:
                         continue
                     raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
-                yield Route(record, info, scheduler, deadline)
+                if replica is None:
+                    record.route_leases += 1
+                else:
+                    replica.leases += 1
+                    replica.last_busy = clock.monotonic()
+                try:
+                    yield Route(record, replica, info, scheduler, deadline)
+                finally:
+                    if replica is None:
+                        record.route_leases -= 1
+                    else:
+                        replica.leases -= 1
                 return
         finally:
             record.leases -= 1

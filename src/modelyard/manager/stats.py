@@ -8,12 +8,12 @@ route converts the view to its JSON shape at the edge (:meth:`VersionView.stats_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from modelyard.manager.events import Event
 from modelyard.manager.manager import ModelManager
-from modelyard.manager.records import LoadTimings, ModelRecord
+from modelyard.manager.records import LoadTimings, ModelRecord, Replica
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +50,8 @@ class VersionView:
     """The scheduler's stats (None while no scheduler runs)."""
     breaker: str | None
     """The circuit breaker's state (None while no scheduler runs)."""
+    replicas: list[ReplicaView] = field(default_factory=list)
+    """Its extra replicas (scale-out), each on its own device."""
 
     @classmethod
     def of(cls, record: ModelRecord, now: float) -> VersionView:
@@ -64,7 +66,7 @@ class VersionView:
             state=record.state.value,
             ready=record.is_ready,
             reason=record.reason,
-            device=record.config.device,
+            device=record.device,
             priority=record.config.priority,
             pinned=record.pinned,
             isolation=record.config.isolation,
@@ -87,6 +89,7 @@ class VersionView:
             worker=dict(info.details) if info is not None else None,
             scheduler=scheduler.stats() if scheduler is not None else None,
             breaker=scheduler.breaker.state.value if scheduler is not None else None,
+            replicas=[ReplicaView.of(r) for r in record.replicas],
         )
 
     def stats_json(self) -> dict[str, Any]:
@@ -127,6 +130,7 @@ class VersionView:
             out["worker"] = dict(self.worker)
         if self.scheduler is not None:
             out["scheduler"] = self.scheduler
+        out["replicas"] = [r.to_json() for r in self.replicas]
         return out
 
     def health_json(self) -> dict[str, Any]:
@@ -144,22 +148,76 @@ class VersionView:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """One extra replica of a version."""
+
+    replica: str
+    device: str
+    state: str
+    reserved_bytes: int
+    measured_bytes: int | None
+    pending: int
+    pid: int | None
+    succeeded: int = 0
+    """Requests it answered (its scheduler's count; 0 once stopped)."""
+
+    @classmethod
+    def of(cls, replica: Replica) -> ReplicaView:
+        """The view of ``replica``."""
+        info = replica.info
+        return cls(
+            str(replica.key),
+            replica.device,
+            replica.state.value,
+            replica.reserved_bytes,
+            replica.measured_bytes,
+            replica.pending,
+            info.pid if info is not None else None,
+            replica.scheduler.counters["succeeded"] if replica.scheduler is not None else 0,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field by name."""
+        return {
+            "replica": self.replica,
+            "device": self.device,
+            "state": self.state,
+            "reserved_bytes": self.reserved_bytes,
+            "measured_bytes": self.measured_bytes,
+            "pending": self.pending,
+            "pid": self.pid,
+            "succeeded": self.succeeded,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceView:
-    """One device's budget."""
+    """One device's budget, its kind and whether models can run there."""
 
     name: str
     budget_bytes: int
     reserved_bytes: int
     free_bytes: int
+    kind: str = "cpu"
+    """``cpu``, ``cores`` (a CPU core set) or ``cuda``."""
+    cores: tuple[int, ...] = ()
+    unusable_reason: str = ""
+    """Why no model can be placed here (empty: usable)."""
 
     def to_json(self) -> dict[str, Any]:
-        """``{"name", "budget_bytes", "reserved_bytes", "free_bytes"}``."""
-        return {
+        """Budget figures, kind, cores (of a core set) and the reason it is unusable, if so."""
+        out: dict[str, Any] = {
             "name": self.name,
             "budget_bytes": self.budget_bytes,
             "reserved_bytes": self.reserved_bytes,
             "free_bytes": self.free_bytes,
+            "kind": self.kind,
         }
+        if self.cores:
+            out["cores"] = list(self.cores)
+        if self.unusable_reason:
+            out["unusable_reason"] = self.unusable_reason
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +236,15 @@ class ManagerView:
         return cls(
             models=[VersionView.of(r, now) for r in manager.records()],
             devices=[
-                DeviceView(d.name, d.budget_bytes, d.reserved_bytes, d.free_bytes)
+                DeviceView(
+                    d.name,
+                    d.budget_bytes,
+                    d.reserved_bytes,
+                    d.free_bytes,
+                    manager.devices[d.name].parsed.kind,
+                    manager.devices[d.name].parsed.cores,
+                    manager.devices[d.name].unusable_reason,
+                )
                 for d in manager.budget.devices.values()
             ],
             eviction_policy=manager.policy.name,

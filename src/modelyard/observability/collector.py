@@ -18,6 +18,7 @@ from modelyard.observability.cuda import cuda_readings
 
 if TYPE_CHECKING:
     from modelyard.manager.manager import ModelManager
+    from modelyard.manager.records import ModelRecord
 
 BREAKER_STATE_VALUES = {"closed": 0, "half_open": 1, "open": 2}
 """``modelyard_scheduler_breaker_state``: 0 closed, 1 half-open, 2 open."""
@@ -39,19 +40,22 @@ class ManagerCollector:
         fams = self._families()
         f = {fam.name: fam for fam in fams}
         used: dict[str, int] = {}
+        on_device: dict[tuple[str, str], int] = {}
         for record in self._manager.records():
             mv = [record.key.name, record.key.version]
-            device = record.config.device
+            device = record.device
             for state in ModelState:
                 f["modelyard_model_state"].add_metric([*mv, state.value], state is record.state)
             f["modelyard_model_reserved_bytes"].add_metric([*mv, device], record.reserved_bytes)
             if record.measured_bytes is not None:
                 f["modelyard_model_measured_bytes"].add_metric([*mv, device], record.measured_bytes)
-            if record.state in RESIDENT:
-                held = record.measured_bytes
-                used[device] = used.get(device, 0) + (
-                    held if held is not None else record.reserved_bytes
-                )
+            for dev_name, held_bytes in self._device_bytes(record):
+                pair = (dev_name, record.key.name)
+                on_device[pair] = on_device.get(pair, 0) + held_bytes
+                used[dev_name] = used.get(dev_name, 0) + held_bytes
+            f["modelyard_model_replicas"].add_metric(
+                mv, (1 if record.state in RESIDENT else 0) + len(record.replicas)
+            )
             f["modelyard_model_in_flight_requests"].add_metric(mv, record.in_flight)
             f["modelyard_model_cold_starts"].add_metric(mv, record.stats.cold_starts)
             if record.scheduler is not None:
@@ -79,12 +83,33 @@ class ManagerCollector:
             f["modelyard_device_memory_reserved_bytes"].add_metric([dev.name], dev.reserved_bytes)
             f["modelyard_device_memory_free_bytes"].add_metric([dev.name], dev.free_bytes)
             f["modelyard_device_memory_used_bytes"].add_metric([dev.name], used.get(dev.name, 0))
-        for name, (physical, utilization) in cuda_readings(self._manager.budget.devices).items():
+        for (dev_name, model), held_bytes in on_device.items():
+            f["modelyard_model_device_memory_bytes"].add_metric([dev_name, model], held_bytes)
+        readings = self._manager.devices.readings() or cuda_readings(self._manager.budget.devices)
+        for name, (physical, utilization) in readings.items():
             if physical is not None:
                 f["modelyard_device_physical_memory_used_bytes"].add_metric([name], physical)
             if utilization is not None:
                 f["modelyard_device_utilization_ratio"].add_metric([name], utilization)
         return fams
+
+    def _device_bytes(self, record: ModelRecord) -> list[tuple[str, int]]:
+        """``(device, bytes)`` each resident replica of ``record`` holds: NVML's live
+        per-process figure on a GPU, else the measured footprint (reserved until measured)."""
+        devices = self._manager.devices
+        holders: list[tuple[str, int | None, int | None, int]] = []
+        if record.state in RESIDENT:
+            pid = record.info.pid if record.info is not None else None
+            holders.append((record.device, pid, record.measured_bytes, record.reserved_bytes))
+        for rep in record.replicas:
+            pid = rep.info.pid if rep.info is not None else None
+            holders.append((rep.device, pid, rep.measured_bytes, rep.reserved_bytes))
+        out = []
+        for device, pid, measured, reserved in holders:
+            live = devices.process_device_bytes(device, pid) if pid is not None else None
+            held = live if live is not None else measured
+            out.append((device, held if held is not None else reserved))
+        return out
 
     @staticmethod
     def _families() -> list[GaugeMetricFamily | CounterMetricFamily]:
@@ -98,6 +123,12 @@ class ManagerCollector:
               labels=[*mv, "device"]),
             g("modelyard_model_measured_bytes", "Measured footprint of the version's last load.",
               labels=[*mv, "device"]),
+            g("modelyard_model_device_memory_bytes",
+              "Bytes a model's resident replicas hold on each device (NVML's per-process "
+              "figures on GPUs, the measured footprint elsewhere).",
+              labels=["device", "model"]),
+            g("modelyard_model_replicas", "Resident replicas of the version (workers serving it).",
+              labels=mv),
             g("modelyard_model_in_flight_requests", "Model calls running for the version.",
               labels=mv),
             c("modelyard_model_cold_starts", "Loads started by a request (cache misses).",

@@ -39,6 +39,14 @@ class RuntimeSpec:
     share_weights: bool = False
     """Keep ONNX external-data weights memory-mapped so replicas share the page cache."""
     device: str = "cpu"
+    """``cpu``, a core set (``cpu:0-1``) or ``cuda:N``. Inside a worker, a ``cuda:N``
+    spec has been rewritten to ``cuda:0`` once ``CUDA_VISIBLE_DEVICES`` shows only GPU N
+    (see ``workers/device.py``)."""
+    cores: tuple[int, ...] = ()
+    """A core set's CPUs: the worker pins itself there and runs that many threads."""
+    gpu_memory_limit_bytes: int | None = None
+    """A CUDA model's cap on device memory (ORT ``gpu_mem_limit``, torch's
+    per-process memory fraction); None: no cap."""
     options: dict[str, str] = field(default_factory=dict)
     model_file: str = ""
     """The file in ``version_dir`` to load (a config whose ``path`` names one file);
@@ -125,3 +133,16 @@ def find_model_file(version_dir: Path, suffixes: tuple[str, ...], name: str = ""
             if c.name == preferred:
                 return c
     return candidates[0]
+
+
+def cuda_index(spec: RuntimeSpec) -> int | None:
+    """The GPU index a ``cuda:N`` spec runs on (None: a CPU device)."""
+    kind, _, index = spec.device.partition(":")
+    return int(index or 0) if kind == "cuda" else None
+
+
+def torch_device(spec: RuntimeSpec) -> str:
+    """The device as torch names it: ``cuda:N``, or ``cpu`` for the host and core sets
+    (a core set is the worker's affinity, not a torch device)."""
+    index = cuda_index(spec)
+    return "cpu" if index is None else f"cuda:{index}"

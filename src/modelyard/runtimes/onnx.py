@@ -6,7 +6,15 @@ from pathlib import Path
 
 import numpy as np
 
-from modelyard.runtimes.base import DeclaredTensors, RuntimeSpec, TensorSpec, find_model_file
+from modelyard.runtimes.base import (
+    DeclaredTensors,
+    RuntimeSpec,
+    TensorSpec,
+    cuda_index,
+    find_model_file,
+)
+
+_CUDA = "CUDAExecutionProvider"
 
 # ONNX Runtime's type strings to protocol datatypes.
 _ORT_TYPES: dict[str, str] = {
@@ -46,6 +54,16 @@ def _strings(arr: np.ndarray) -> np.ndarray:
     return out
 
 
+def _cuda_options(spec: RuntimeSpec, index: int) -> dict[str, str]:
+    """The CUDA provider's options: the GPU, and the model's cap on device memory."""
+    options = {"device_id": str(index)}
+    if spec.gpu_memory_limit_bytes:
+        # The arena then grows by what is asked, not by doubling past the cap.
+        options["gpu_mem_limit"] = str(spec.gpu_memory_limit_bytes)
+        options["arena_extend_strategy"] = "kSameAsRequested"
+    return options
+
+
 class OnnxRuntime(DeclaredTensors):
     """Runs one ``.onnx`` file with an ONNX Runtime ``InferenceSession``."""
 
@@ -67,10 +85,26 @@ class OnnxRuntime(DeclaredTensors):
             # Pre-packing copies weights into private buffers; without it ORT keeps the
             # external-data file memory-mapped, so replicas share it in the page cache.
             opts.add_session_config_entry("session.disable_prepacking", "1")
-        providers = ["CPUExecutionProvider"]
-        if spec.device.startswith("cuda"):
-            providers.insert(0, "CUDAExecutionProvider")
+        index = cuda_index(spec)
+        providers: list[str | tuple[str, dict[str, str]]] = ["CPUExecutionProvider"]
+        if index is not None:
+            providers = [("CUDAExecutionProvider", _cuda_options(spec, index))]
+            available = ort.get_available_providers()
+            if _CUDA not in available:
+                raise RuntimeError(
+                    f"device {spec.device} needs ONNX Runtime's CUDA execution provider, "
+                    f"which this onnxruntime build lacks (it has {', '.join(available)}); "
+                    "install modelyard's 'gpu' extra (onnxruntime-gpu)"
+                )
         session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+        if index is not None and session.get_providers()[:1] != [_CUDA]:
+            # ORT falls back to the CPU when the CUDA provider cannot start (driver,
+            # libraries): never serve a CUDA model from the CPU without saying so.
+            raise RuntimeError(
+                f"ONNX Runtime could not start its CUDA execution provider on {spec.device} "
+                f"(the session runs on {', '.join(session.get_providers())}); see the "
+                "worker's log for the CUDA error"
+            )
         self._session = session
         self._inputs = [_spec(a) for a in session.get_inputs()]
         self._outputs = [_spec(a) for a in session.get_outputs()]

@@ -20,7 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from modelyard.runtimes.base import DeclaredTensors, RuntimeSpec, TensorSpec, find_model_file
+from modelyard.runtimes.base import (
+    DeclaredTensors,
+    RuntimeSpec,
+    TensorSpec,
+    cuda_index,
+    find_model_file,
+    torch_device,
+)
 
 SUFFIXES = (".pt", ".pt2", ".safetensors")
 """TorchScript, torch.export and safetensors files."""
@@ -54,6 +61,22 @@ def _datatype(dtype: object) -> str:
     if name not in _TORCH_TYPES:
         raise ValueError(f"tensors of dtype {name} have no protocol datatype")
     return _TORCH_TYPES[name]
+
+
+def _enter_cuda(torch: Any, spec: RuntimeSpec, index: int) -> None:
+    """Check the GPU is there (never fall back to the CPU) and cap this process's share."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"device {spec.device}: torch sees no CUDA device (torch {torch.__version__}, "
+            f"CUDA build {torch.version.cuda or 'none'})"
+        )
+    if index >= torch.cuda.device_count():
+        raise RuntimeError(f"device {spec.device}: torch sees {torch.cuda.device_count()} GPU(s)")
+    torch.cuda.set_device(index)
+    if spec.gpu_memory_limit_bytes:
+        total = torch.cuda.get_device_properties(index).total_memory
+        fraction = min(1.0, spec.gpu_memory_limit_bytes / total)
+        torch.cuda.set_per_process_memory_fraction(fraction, index)
 
 
 def _dims(shape: Any) -> tuple[int, ...]:
@@ -125,17 +148,20 @@ class TorchRuntime(DeclaredTensors):
         import torch
 
         path = find_model_file(Path(spec.version_dir), SUFFIXES, spec.model_file)
-        self._device = spec.device
+        self._device = torch_device(spec)
         torch.set_num_threads(spec.intra_op_threads)
+        index = cuda_index(spec)
+        if index is not None:
+            _enter_cuda(torch, spec, index)
         derived: tuple[list[TensorSpec], list[TensorSpec]]
         if path.suffix == ".pt2":
             program = torch.export.load(str(path))
             derived = exported_specs(program)
             # An exported program's module has no train/eval modes (eval() raises): the
             # program was captured in whatever mode it was exported in.
-            self._module = program.module()
+            self._module = program.module().to(self._device)
         elif path.suffix == ".safetensors":
-            self._module = self._state_dict_module(spec, path).to(spec.device)
+            self._module = self._state_dict_module(spec, path).to(self._device)
             declared = (
                 _declared(getattr(self._module, "inputs", None)),
                 _declared(getattr(self._module, "outputs", None)),
@@ -145,7 +171,7 @@ class TorchRuntime(DeclaredTensors):
             # torch.jit.load is untyped; without the torch extra torch is Any and the
             # ignore is unused, so both codes are listed (mypy runs both ways in CI).
             self._module = torch.jit.load(  # type: ignore[no-untyped-call,unused-ignore]
-                str(path), map_location=spec.device
+                str(path), map_location=self._device
             )
             names = _script_input_names(self._module)
             derived = (

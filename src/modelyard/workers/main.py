@@ -36,6 +36,7 @@ from modelyard.runtimes import (
 from modelyard.runtimes.errors import classify_runtime_error
 from modelyard.runtimes.generation import GenerationJob
 from modelyard.workers.channel import BlockingChannel, ChannelClosedError, SharedRegion
+from modelyard.workers.device import enter_device
 from modelyard.workers.messages import (
     Cancel,
     Chunk,
@@ -111,6 +112,7 @@ def _serve(channel: BlockingChannel, region: SharedRegion) -> int:
     if first.spec.kind in GENERATIVE_KINDS:
         return _serve_generation(channel, first)
     try:
+        first = Load(first.seq, enter_device(first.spec), first.memory_limit_bytes)
         runtime = create_runtime(first.spec.kind)
         loaded = _load(runtime, first)
     except Exception as exc:

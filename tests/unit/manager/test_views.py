@@ -42,6 +42,7 @@ async def test_stats_and_health_say_the_same_about_a_version(tmp_path: Path) -> 
             "budget_bytes": 100 * MIB,
             "reserved_bytes": 10 * MIB,
             "free_bytes": 90 * MIB,
+            "kind": "cpu",
         }
     ]
     assert document["eviction_policy"] == "lru"

@@ -59,7 +59,16 @@ const RESIDENT = new Set(["LOADING", "WARMING", "READY", "DRAINING"]);
 function renderDevices(stats) {
   const bars = stats.devices.map((dev) => {
     const budget = Math.max(dev.budget_bytes, 1);
-    const holders = stats.models
+    // A model's extra replicas hold their own bytes, maybe on other devices.
+    const replicas = stats.models.flatMap((m) => (m.replicas ?? []).map((r) => ({
+      name: m.name,
+      version: `${m.version} ${r.replica.slice(r.replica.lastIndexOf("#"))}`,
+      state: r.state === "draining" ? "DRAINING" : "READY",
+      device: r.device,
+      reserved_bytes: r.reserved_bytes,
+      measured_bytes: r.measured_bytes,
+    })));
+    const holders = [...stats.models, ...replicas]
       .filter((m) => m.device === dev.name && m.reserved_bytes > 0)
       .sort((a, b) => b.reserved_bytes - a.reserved_bytes);
     const used = holders
@@ -95,7 +104,10 @@ function renderDevices(stats) {
       "data-used-bytes": used,
     },
     h("div", { class: "device-label" },
-      h("span", { class: "device-name", text: dev.name }),
+      h("span", {
+        class: "device-name",
+        text: dev.unusable_reason ? `${dev.name} (unusable: ${dev.unusable_reason})` : dev.name,
+      }),
       h("span", {
         class: "device-figures",
         text: `${bytes(dev.reserved_bytes)} reserved of ${bytes(dev.budget_bytes)} (${pct}%) · `

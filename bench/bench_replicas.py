@@ -1,0 +1,213 @@
+"""Replicas on core-set devices: MiniLM with one replica vs two on ``cpu:0`` and ``cpu:1``.
+
+Run from the repository root (needs the ``torch`` extra, for the export)::
+
+    .venv/bin/python bench/bench_replicas.py            # 8 s per point, 3 repeats
+    .venv/bin/python bench/bench_replicas.py --quick    # 3 s per point, 1 repeat
+
+The all-MiniLM-L6-v2 encoder is exported to ONNX at run time; every request carries one
+sentence tokenised to 16 tokens (batch 1), sent by ``modelyard.bench`` over REST, closed
+loop. One ``modelyard serve`` subprocess has two devices, the core sets ``cpu:0`` and
+``cpu:1`` (each worker pinned to its core, one runtime thread), and serves the same file
+as:
+
+* **1r**: one replica, ``devices: [cpu:0]`` (the baseline);
+* **2r**: ``devices: [cpu:0, cpu:1]``, ``replicas: {min: 2, max: 2}``: its first replica
+  on ``cpu:0`` and the second on ``cpu:1``, requests routed by power of two choices;
+* **1r-2t** (context): one replica on the unpinned ``cpu`` device with two ONNX Runtime
+  threads, the other way to give one model both cores.
+
+All three batch the same way (``max_batch_size: 8``, no added delay). Per repeat and per
+concurrency the three run back to back in an order rotated each repeat; ratios against
+1r are taken within a repeat, then the median over repeats is reported. The load
+generator runs on the same two cores as the server (the machine has no others).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _server
+import yaml
+from bench_batching import write_payload
+
+from modelyard.bench import BenchConfig, BenchResult, run_bench
+from modelyard.examples.minilm import export_minilm_onnx
+
+COMMON: dict[str, Any] = {
+    "path": "minilm",
+    "preload": True,
+    "max_batch_size": 8,
+    "max_queue_size": 1024,
+    "memory_mb": 300,
+}
+MODELS: dict[str, dict[str, Any]] = {
+    "1r": {"devices": ["cpu:0"]},
+    "2r": {"devices": ["cpu:0", "cpu:1"], "replicas": {"min": 2, "max": 2}},
+    "1r-2t": {"devices": ["cpu"], "intra_op_threads": 2},
+}
+READY_TIMEOUT_S = 120.0
+
+
+def write_config(root: Path) -> Path:
+    config = {
+        "model_repository": ".",
+        "log_level": "warning",
+        "grpc_port": None,
+        "prefetch": {"enabled": False},
+        "devices": [
+            {"name": "cpu", "memory_budget_mb": 2048},
+            {"name": "cpu:0", "memory_budget_mb": 1024},
+            {"name": "cpu:1", "memory_budget_mb": 1024},
+        ],
+        "models": [{"name": f"minilm-{k}", **COMMON, **v} for k, v in MODELS.items()],
+    }
+    path = root / "modelyard.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def wait_for_replicas(server: _server.Server) -> list[str]:
+    """Wait until minilm-2r's second replica is ready; the devices of its replicas."""
+    give_up = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < give_up:
+        row = server.model_stats("minilm-2r")
+        ready = [r for r in row.get("replicas", []) if r["state"] == "ready"]
+        if row["state"] == "READY" and ready:
+            return [row["device"], *(r["device"] for r in ready)]
+        time.sleep(0.2)
+    raise RuntimeError(f"minilm-2r has no second replica:\n{server.log_tail()}")
+
+
+def phase(
+    server: _server.Server, model: str, payload: Path, concurrency: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    config = BenchConfig(
+        url=server.url,
+        models=(model,),
+        concurrency=(concurrency,),
+        duration_s=args.duration_s,
+        warmup_s=args.warmup_s,
+        payload_files={model: payload},
+    )
+    results: list[BenchResult] = asyncio.run(run_bench(config))
+    return results[0].to_dict()
+
+
+def run(args: argparse.Namespace) -> tuple[list[str], dict[str, dict[int, list[dict[str, Any]]]]]:
+    levels = [int(c) for c in args.concurrency.split(",")]
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {k: {c: [] for c in levels} for k in MODELS}
+    with tempfile.TemporaryDirectory(prefix="bench-replicas-") as tmp:
+        root = Path(tmp)
+        print("exporting MiniLM to ONNX ...", file=sys.stderr)
+        export_minilm_onnx(root / "minilm" / "1" / "model.onnx")
+        payload = write_payload(root / "payload.json")
+        with _server.Server(write_config(root), root / "server.log") as server:
+            placed = wait_for_replicas(server)
+            print(f"server pid {server.pid}; minilm-2r replicas on {placed}", file=sys.stderr)
+            names = list(MODELS)
+            for rep in range(args.repeats):
+                for level in levels:
+                    shift = rep % len(names)
+                    for name in names[shift:] + names[:shift]:
+                        r = phase(server, f"minilm-{name}", payload, level, args)
+                        runs[name][level].append(r)
+                        print(
+                            f"  rep {rep + 1} c={level} {name}: {r['qps']:.1f} rps, "
+                            f"p99 {r['p99_ms']} ms, errors {sum(r['errors'].values())}",
+                            file=sys.stderr,
+                        )
+    return placed, runs
+
+
+def summarise(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    rows = []
+    for name, by_level in runs.items():
+        for level, reps in by_level.items():
+            base = runs["1r"][level]
+            rows.append(
+                {
+                    "config": name,
+                    "concurrency": level,
+                    "qps": statistics.median(r["qps"] for r in reps),
+                    "p50_ms": statistics.median(r["p50_ms"] for r in reps if r["p50_ms"]),
+                    "p99_ms": statistics.median(r["p99_ms"] for r in reps if r["p99_ms"]),
+                    "errors": sum(sum(r["errors"].values()) for r in reps),
+                    "qps_vs_1r": statistics.median(
+                        r["qps"] / b["qps"] for r, b in zip(reps, base, strict=True)
+                    ),
+                    "p99_vs_1r": statistics.median(
+                        r["p99_ms"] / b["p99_ms"]
+                        for r, b in zip(reps, base, strict=True)
+                        if r["p99_ms"] and b["p99_ms"]
+                    ),
+                }
+            )
+    return rows
+
+
+def report(rows: list[dict[str, Any]]) -> str:
+    header = ["config", "concurrency", "req/s", "p50 (ms)", "p99 (ms)", "req/s vs 1r"]
+    header += ["p99 vs 1r", "errors"]
+    ordered = sorted(rows, key=lambda r: (r["concurrency"], list(MODELS).index(r["config"])))
+    return _server.markdown_table(
+        header,
+        [
+            [
+                r["config"],
+                r["concurrency"],
+                f"{r['qps']:.1f}",
+                f"{r['p50_ms']:.1f}",
+                f"{r['p99_ms']:.1f}",
+                f"{r['qps_vs_1r']:.2f}x",
+                f"{r['p99_vs_1r']:.2f}x",
+                r["errors"],
+            ]
+            for r in ordered
+        ],
+    )
+
+
+def main() -> None:
+    parser = _server.arg_parser(__doc__)
+    parser.add_argument("--quick", action="store_true", help="3 s per point, 1 repeat")
+    parser.add_argument("--concurrency", default="4,16", help="levels (%(default)s)")
+    parser.add_argument("--duration-s", type=float, default=8.0, help="measured s per point")
+    parser.add_argument("--warmup-s", type=float, default=2.0, help="warm-up s per point")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats (%(default)s)")
+    args = parser.parse_args()
+    if args.quick:
+        args.duration_s, args.warmup_s, args.repeats = 3.0, 1.0, 1
+    _server.install_uvloop()
+    env = _server.environment()
+    started = time.time()
+    placed, runs = run(args)
+    rows = summarise(runs)
+    print(
+        f"\nminilm-2r replicas on {placed}; 16 tokens, batch 1 per request; "
+        f"medians of {args.repeats} x {args.duration_s:g} s; {env}\n"
+    )
+    print(report(rows))
+    path = _server.write_results(
+        "bench_replicas",
+        {
+            "args": vars(args),
+            "environment": env,
+            "elapsed_s": round(time.time() - started, 1),
+            "replica_devices": placed,
+            "summary": rows,
+            "runs": {c: {str(k): v for k, v in lv.items()} for c, lv in runs.items()},
+        },
+    )
+    print(f"\nwrote {path.relative_to(_server.REPO_ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

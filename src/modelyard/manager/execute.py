@@ -1,0 +1,60 @@
+"""The execute function of one replica's scheduler: its batch on its worker, or once on a
+live sibling when that worker has died.
+
+A batch whose worker died (``WorkerCrashedError``) or is already gone never produced an
+answer, so running it once on another live replica of the same version is safe and
+costs the clients nothing; with no sibling the error stands, as it always did. A request
+that itself kills its worker is thereby tried on one sibling too (never more).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from modelyard.clock import Clock
+from modelyard.errors import DeadlineExceededError, ModelNotReadyError, WorkerCrashedError
+from modelyard.manager.records import ModelRecord, Replica
+from modelyard.scheduling.dispatcher import Execute
+
+Holder = ModelRecord | Replica
+"""A replica: the version's first (the record itself) or an extra one."""
+
+
+def live_sibling(record: ModelRecord, failed: Holder) -> Holder | None:
+    """Another replica of ``record`` whose worker is alive, the least busy (None: none)."""
+    holders: list[Holder] = [record, *record.replicas]
+    live = [
+        h for h in holders if h is not failed and h.instance is not None and h.instance.is_alive
+    ]
+    return min(live, key=lambda h: h.in_flight, default=None)
+
+
+def replica_execute(record: ModelRecord, holder: Holder, clock: Clock) -> Execute:
+    """The ``execute`` of ``holder``'s scheduler (``holder`` is ``record`` or its replica)."""
+
+    async def run_on(
+        target: Holder, batch: dict[str, np.ndarray], deadline: float
+    ) -> dict[str, np.ndarray]:
+        instance = target.instance
+        if instance is None or not instance.is_alive:
+            raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
+        remaining = deadline - clock.monotonic()
+        if remaining <= 0:
+            # Dispatching now would only get a healthy worker killed for overrunning.
+            raise DeadlineExceededError(f"model {record.key}: deadline passed before it ran")
+        target.in_flight += 1
+        try:
+            return await instance.infer(batch, remaining)
+        finally:
+            target.in_flight -= 1
+
+    async def execute(batch: dict[str, np.ndarray], deadline: float) -> dict[str, np.ndarray]:
+        try:
+            return await run_on(holder, batch, deadline)
+        except (WorkerCrashedError, ModelNotReadyError):
+            sibling = live_sibling(record, holder)
+            if sibling is None:
+                raise
+            return await run_on(sibling, batch, deadline)
+
+    return execute
