@@ -19,6 +19,7 @@ from modelyard.scheduling.breaker import BreakerState
 from modelyard.scheduling.dispatcher import call_model
 from modelyard.scheduling.request_queue import QueuedRequest, RequestState
 from modelyard.scheduling.scheduler_core import Lifecycle, SchedulerCore, copy_error, logger
+from modelyard.scheduling.wait_estimate import RunningCall
 
 __all__ = ["BatchDispatcher"]
 
@@ -118,7 +119,11 @@ class BatchDispatcher(SchedulerCore):
                 runnable.append(request)
         if not runnable:
             return
-        report = await call_model(self.name, self._execute, self._clock, runnable)
+        self._in_call[id(runnable)] = RunningCall(now, sum(r.rows for r in runnable))
+        try:
+            report = await call_model(self.name, self._execute, self._clock, runnable)
+        finally:
+            del self._in_call[id(runnable)]
         self._counts["model_calls"] += 1
         if isinstance(report.error, InvalidInputError) and len(runnable) > 1:
             # One bad request must not fail its neighbours: run each alone.

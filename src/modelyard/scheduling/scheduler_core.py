@@ -23,14 +23,19 @@ from modelyard.clock import Clock, MonotonicClock
 from modelyard.errors import (
     CircuitOpenError,
     DeadlineExceededError,
+    DeadlineUnreachableError,
+    LoadShedError,
     ModelNotReadyError,
+    OverloadedError,
     ServerError,
 )
 from modelyard.scheduling.adaptive import AdaptiveBatchController
 from modelyard.scheduling.breaker import BreakerState, CircuitBreaker
 from modelyard.scheduling.config import SchedulerConfig
+from modelyard.scheduling.degradation import Refusal, decide
 from modelyard.scheduling.dispatcher import CallReport, Execute
 from modelyard.scheduling.request_queue import QueuedRequest, RequestQueue
+from modelyard.scheduling.wait_estimate import RunningCall, ServiceTimes, estimate_latency_s
 
 __all__ = [
     "ADMISSION_COUNTERS",
@@ -54,8 +59,12 @@ ADMISSION_COUNTERS = (
     "rejected_expired",
     "rejected_overloaded",
     "rejected_circuit",
+    "rejected_unreachable",
+    "rejected_shed",
 )
-"""``stats()`` counters of admission: accepted, or refused at once (and why)."""
+"""``stats()`` counters of admission: accepted, or refused at once (and why):
+``rejected_unreachable`` (deadline cannot be met) and ``rejected_shed`` (shed by priority)
+come from :mod:`~modelyard.scheduling.degradation`."""
 OUTCOME_COUNTERS = (
     "succeeded",
     "failed",
@@ -124,6 +133,10 @@ class SchedulerCore:
         self._counts: Counter[str] = Counter()
         self._ewma_call_s: float | None = None
         self._ewma_call_requests: float | None = None
+        self._service = ServiceTimes()
+        """Measured compute seconds per batch size: what the wait estimate runs on."""
+        self._in_call: dict[int, RunningCall] = {}
+        """Model calls in flight (keyed by the id of their request list), for the estimate."""
 
     @property
     def _running_requests(self) -> int:
@@ -144,6 +157,8 @@ class SchedulerCore:
             self._breaker.record(failed=False, permits=permits)
         else:
             self._breaker.release(permits)
+        if report.error is None:
+            self._service.observe(report.rows, report.compute_s)
         self._ewma_call_s = _ewma(self._ewma_call_s, report.compute_s)
         self._ewma_call_requests = _ewma(self._ewma_call_requests, float(len(report.requests)))
         if self._adaptive is not None and (
@@ -160,6 +175,74 @@ class SchedulerCore:
                 self.on_batch(report.rows, waits_s, report.compute_s)
             except Exception:
                 logger.exception("model %r: on_batch hook failed; ignoring it", self.name)
+
+    # ---------------------------------------------------------------- degradation
+
+    @property
+    def service_times(self) -> ServiceTimes:
+        """The measured compute seconds per batch size (read it; the scheduler feeds it)."""
+        return self._service
+
+    def estimate_latency_s(self, priority: int, rows: int = 1) -> float | None:
+        """Estimated seconds until a request of ``priority`` and ``rows`` queued now is
+        answered (see :mod:`~modelyard.scheduling.wait_estimate`); None before any call."""
+        if not self._service.is_known:
+            return None
+        now = self._clock.monotonic()
+        ahead = sum(
+            request.rows
+            for request in self._queue
+            if self._queue.effective_priority(request, now) <= priority
+        )
+        return estimate_latency_s(
+            self._service,
+            now=now,
+            rows_ahead=ahead,
+            own_rows=rows,
+            batch_cap=self._limits()[0],
+            concurrency=self.config.max_concurrency,
+            running=self._in_call.values(),
+        )
+
+    def _refusal(self, priority: int, rows: int, now: float, deadline: float) -> Refusal | None:
+        config = self.config
+        if not config.early_rejection and not config.latency_slo_by_priority_s:
+            return None
+        return decide(
+            priority=priority,
+            now=now,
+            deadline=deadline,
+            estimate_s=lambda q: self.estimate_latency_s(q, rows if q == priority else 1),
+            early_rejection=config.early_rejection,
+            by_priority_s=config.latency_slo_by_priority_s,
+            default_slo_s=config.latency_slo_s,
+        )
+
+    def _refusal_error(self, refusal: Refusal, priority: int) -> OverloadedError:
+        """The typed answer to a refused request; Retry-After is the excess over its limit."""
+        low, high = _RETRY_AFTER_BOUNDS_S
+        retry_after_s = min(high, max(low, refusal.estimate_s - refusal.limit_s))
+        if refusal.reason == "deadline":
+            self._counts["rejected_unreachable"] += 1
+            return DeadlineUnreachableError(
+                f"model {self.name!r}: the request would be answered in about "
+                f"{refusal.estimate_s:.3f} s, after its deadline ({refusal.limit_s:.3f} s "
+                f"left); refused at once; retry in about {retry_after_s:.2f} s",
+                retry_after_s=retry_after_s,
+            )
+        self._counts["rejected_shed"] += 1
+        if refusal.protected is not None:
+            why = f"to keep priority {refusal.protected} within its latency objective"
+        else:
+            why = (
+                f"its estimated latency {refusal.estimate_s:.3f} s is over the objective "
+                f"of priority {priority} ({refusal.limit_s:.3f} s)"
+            )
+        return LoadShedError(
+            f"model {self.name!r} is overloaded: priority {priority} request shed {why}; "
+            f"retry in about {retry_after_s:.2f} s",
+            retry_after_s=retry_after_s,
+        )
 
     # ---------------------------------------------------------------- answers
 
