@@ -128,6 +128,11 @@ class ServerSettings(BaseSettings):
         for m in self.models:
             if m.device not in devices:
                 raise ValueError(f"model {m.name!r} names unknown device {m.device!r}")
+            unknown = [name for name in m.fallback if name not in names]
+            if unknown:
+                raise ValueError(
+                    f"model {m.name!r}: fallback names unknown model(s) {', '.join(unknown)}"
+                )
         return self
 
     @property

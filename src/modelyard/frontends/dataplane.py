@@ -8,6 +8,7 @@ model's scheduler, and wraps the outputs. It never touches a worker directly.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +25,12 @@ from modelyard.errors import (
     PayloadTooLargeError,
     ServerError,
     hide_paths,
+)
+from modelyard.manager.fallback import (
+    FallbackReason,
+    allows_fallback,
+    fallback_reason,
+    tensor_mismatch,
 )
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord
@@ -47,7 +54,13 @@ from modelyard.protocol.types import (
 )
 from modelyard.runtimes.base import TensorSpec
 
+log = logging.getLogger("modelyard.dataplane")
+
 SERVER_NAME = "modelyard"
+SERVED_BY = "served_by"
+"""Response parameter naming the model that answered, set when a fallback did."""
+FALLBACK_REASON = "fallback_reason"
+"""Response parameter: why the requested model did not answer (see manager/fallback.py)."""
 EXTENSIONS = ("model_repository", "binary_tensor_data", "schedule_policy", "statistics")
 
 _PLATFORMS = {
@@ -239,6 +252,48 @@ class DataPlane:
         return predict_answer(await self.infer(request))
 
     async def _infer(
+        self, record: ModelRecord, request: InferRequest, started: float
+    ) -> InferResponse:
+        may_fall_back = allows_fallback(request.parameters) and bool(record.config.fallback)
+        try:
+            return await self._infer_on(record, request, started)
+        except ServerError as exc:
+            reason = fallback_reason(exc) if may_fall_back else None
+            if reason is None:
+                raise
+            return await self._fall_back(record, request, started, exc, reason)
+
+    async def _fall_back(
+        self,
+        record: ModelRecord,
+        request: InferRequest,
+        started: float,
+        error: ServerError,
+        reason: FallbackReason,
+    ) -> InferResponse:
+        """Answer from the first model of ``record``'s fallback chain that can, within the
+        request's own deadline (measured from ``started``); else raise ``error``."""
+        for name in record.config.fallback:
+            try:
+                other = self.manager.resolve(name, None)
+                if record.info is not None and other.info is not None:
+                    mismatch = tensor_mismatch(record.info, other.info)
+                    if mismatch is not None:
+                        log.error("model %s: fallback %s skipped: %s", record.key, name, mismatch)
+                        continue
+                response = await self._infer_on(other, request, started)
+            except ServerError as exc:
+                if fallback_reason(exc) is None:
+                    raise
+                continue  # this one cannot either: try the next
+            response.parameters[SERVED_BY] = other.key.name
+            response.parameters[FALLBACK_REASON] = reason
+            if self.metrics is not None:
+                self.metrics.fallback(record.key.name, other.key.name, reason)
+            return response
+        raise error
+
+    async def _infer_on(
         self, record: ModelRecord, request: InferRequest, started: float
     ) -> InferResponse:
         client_timeout_s = request.timeout_s
