@@ -173,6 +173,7 @@ class ModelScheduler(BatchDispatcher):
         refusal = self._refusal(level, row_count(inputs), now, deadline)
         if refusal is not None:
             raise self._refusal_error(refusal, level)
+        self._note_arrival(level, row_count(inputs), now)
         permit = self._breaker.admit()
         if permit is None:
             self._counts["rejected_circuit"] += 1

@@ -15,7 +15,7 @@ import copy
 import itertools
 import logging
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from enum import Enum
 
@@ -35,7 +35,12 @@ from modelyard.scheduling.config import SchedulerConfig
 from modelyard.scheduling.degradation import Refusal, decide
 from modelyard.scheduling.dispatcher import CallReport, Execute
 from modelyard.scheduling.request_queue import QueuedRequest, RequestQueue
-from modelyard.scheduling.wait_estimate import RunningCall, ServiceTimes, estimate_latency_s
+from modelyard.scheduling.wait_estimate import (
+    RunningCall,
+    ServiceTimes,
+    estimate_latency_s,
+    share_left,
+)
 
 __all__ = [
     "ADMISSION_COUNTERS",
@@ -70,13 +75,18 @@ OUTCOME_COUNTERS = (
     "failed",
     "expired_queued",
     "expired_running",
+    "unreachable_queued",
     "circuit_open",
     "cancelled",
 )
 """``stats()`` counters of what became of accepted requests; once settled, they sum to
-``accepted``. ``circuit_open`` counts queued requests failed because the breaker opened."""
+``accepted``. ``circuit_open`` counts queued requests failed because the breaker opened;
+``unreachable_queued`` those refused at dispatch because less time was left than one
+call takes (early rejection)."""
 COUNTERS = (*ADMISSION_COUNTERS, *OUTCOME_COUNTERS, "model_calls")
 _RETRY_AFTER_BOUNDS_S = (0.01, 30.0)
+ARRIVAL_WINDOW_S = 2.0
+"""How far back admitted requests count toward the arrival rate of each priority."""
 _EWMA_ALPHA = 0.2
 
 
@@ -135,6 +145,8 @@ class SchedulerCore:
         self._ewma_call_requests: float | None = None
         self._service = ServiceTimes()
         """Measured compute seconds per batch size: what the wait estimate runs on."""
+        self._arrivals: deque[tuple[float, int, int]] = deque()
+        """``(time, priority, rows)`` of requests admitted in the last ARRIVAL_WINDOW_S."""
         self._in_call: dict[int, RunningCall] = {}
         """Model calls in flight (keyed by the id of their request list), for the estimate."""
 
@@ -194,15 +206,30 @@ class SchedulerCore:
             for request in self._queue
             if self._queue.effective_priority(request, now) <= priority
         )
-        return estimate_latency_s(
+        cap = self._limits()[0]
+        estimate = estimate_latency_s(
             self._service,
             now=now,
             rows_ahead=ahead,
             own_rows=rows,
-            batch_cap=self._limits()[0],
+            batch_cap=cap,
             concurrency=self.config.max_concurrency,
             running=self._in_call.values(),
         )
+        if estimate is None:
+            return None
+        self._forget_arrivals(now)
+        higher = sum(r for _, p, r in self._arrivals if p < priority) / ARRIVAL_WINDOW_S
+        return estimate / share_left(higher, self._service, cap)
+
+    def _note_arrival(self, priority: int, rows: int, now: float) -> None:
+        """Count an admitted request toward its priority's arrival rate."""
+        self._arrivals.append((now, priority, rows))
+        self._forget_arrivals(now)
+
+    def _forget_arrivals(self, now: float) -> None:
+        while self._arrivals and self._arrivals[0][0] < now - ARRIVAL_WINDOW_S:
+            self._arrivals.popleft()
 
     def _refusal(self, priority: int, rows: int, now: float, deadline: float) -> Refusal | None:
         config = self.config

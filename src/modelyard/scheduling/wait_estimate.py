@@ -6,7 +6,10 @@ A request's *latency estimate* is the time until its answer if it were queued no
   remainder of the running calls, each expected to take its batch size's service time);
 * plus the service time of every batch needed to run the rows queued ahead of it (those
   of equal or better effective priority) and its own rows, in batches of the current
-  batch-size cap, divided among ``max_concurrency`` slots.
+  batch-size cap, divided among ``max_concurrency`` slots;
+* all divided by the share of the model that more important classes leave (:func:`share_left`):
+  requests of a better priority that arrive while it waits go first, so a class behind
+  busy ones waits longer than its queue alone says (the M/G/1 priority-queue result).
 
 Service times are measured, not declared: a smoothed (EWMA) compute time per batch size,
 from every model call that returned an answer. A size not seen yet is predicted from the
@@ -23,9 +26,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["RunningCall", "ServiceTimes", "estimate_latency_s"]
+__all__ = ["MIN_SHARE", "RunningCall", "ServiceTimes", "estimate_latency_s", "share_left"]
 
 _ALPHA = 0.2
+MIN_SHARE = 0.1
+"""The least share of the model a class is assumed to keep, however busy the classes
+above it are (the estimate is divided by the share: this bounds the division)."""
 
 
 class ServiceTimes:
@@ -105,3 +111,14 @@ def estimate_latency_s(
     if rest:
         work_s += service.predict_s(rest) or 0.0
     return busy_s + work_s / max(1, concurrency)
+
+
+def share_left(higher_rows_per_s: float, service: ServiceTimes, batch_cap: int) -> float:
+    """The share of the model left to a class when more important classes bring
+    ``higher_rows_per_s`` rows per second (``1 - ρ``, at least :data:`MIN_SHARE`)."""
+    cap = max(1, batch_cap)
+    full_s = service.predict_s(cap)
+    if full_s is None or higher_rows_per_s <= 0:
+        return 1.0
+    load = higher_rows_per_s * full_s / cap
+    return max(MIN_SHARE, 1.0 - load)

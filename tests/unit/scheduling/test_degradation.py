@@ -11,7 +11,13 @@ import pytest
 from modelyard.errors import DeadlineUnreachableError, LoadShedError, OverloadedError
 from modelyard.scheduling import ModelScheduler, SchedulerConfig
 from modelyard.scheduling.degradation import SHED_HEADROOM, Refusal, decide
-from modelyard.scheduling.wait_estimate import RunningCall, ServiceTimes, estimate_latency_s
+from modelyard.scheduling.wait_estimate import (
+    MIN_SHARE,
+    RunningCall,
+    ServiceTimes,
+    estimate_latency_s,
+    share_left,
+)
 
 from ._fakes import FakeClock, FakeModel, MakeScheduler, settle, tensor
 
@@ -228,13 +234,14 @@ async def test_scheduler_refuses_at_once_a_request_that_cannot_meet_its_deadline
     scheduler, model, clock, tasks = await _measured_and_blocked(
         make_scheduler, NO_BATCHING, {3: 4}
     )
-    assert scheduler.estimate_latency_s(3) == pytest.approx(5 * CALL_S)
+    # Five calls, on the nine tenths of the model that priority 1's arrivals leave.
+    assert scheduler.estimate_latency_s(3) == pytest.approx(5 * CALL_S / 0.9)
     before = clock.monotonic()
     with pytest.raises(DeadlineUnreachableError) as caught:
         await _submit(scheduler, clock, 99, priority=3, deadline_in_s=0.3)
     assert clock.monotonic() == before  # refused at once, not after waiting
     assert isinstance(caught.value, OverloadedError)  # 429 with Retry-After
-    assert caught.value.retry_after_s == pytest.approx(0.2)
+    assert caught.value.retry_after_s == pytest.approx(5 * CALL_S / 0.9 - 0.3)
     assert scheduler.counters["rejected_unreachable"] == 1
     # A deadline the queue can meet is admitted; so is a more urgent request that
     # jumps the priority-3 queue.
@@ -287,5 +294,41 @@ async def test_scheduler_low_priority_backlog_does_not_count_against_high_priori
     assert scheduler.estimate_latency_s(1) == pytest.approx(CALL_S)
     tasks.append(_submit(scheduler, clock, 60, priority=1, deadline_in_s=0.2))
     await settle(lambda: scheduler.stats()["queue_depth"] == 7)
+    model.release()
+    await asyncio.gather(*tasks)
+
+
+async def test_queued_request_too_late_for_one_call_is_refused_not_run(
+    make_scheduler: MakeScheduler,
+) -> None:
+    scheduler, model, clock, tasks = await _measured_and_blocked(make_scheduler, NO_BATCHING, {})
+    late = _submit(scheduler, clock, 77, priority=3, deadline_in_s=0.5)
+    await settle(lambda: scheduler.stats()["queue_depth"] == 1)
+    clock.advance(0.45)  # 0.05 s left: less than the 0.1 s one call takes
+    model.release()
+    with pytest.raises(DeadlineUnreachableError, match="too few for the calls before it"):
+        await late
+    await asyncio.gather(*tasks)
+    assert 77 not in [i for call in model.calls for i in call.ids]
+    assert scheduler.counters["unreachable_queued"] == 1
+
+
+def test_share_left_by_busier_higher_classes() -> None:
+    service = ServiceTimes()
+    assert share_left(10.0, service, 1) == 1.0  # nothing measured: no correction
+    service.observe(4, 0.2)
+    assert share_left(0.0, service, 4) == 1.0
+    assert share_left(10.0, service, 4) == pytest.approx(0.5)  # 10 rows/s x 0.05 s/row
+    assert share_left(100.0, service, 4) == MIN_SHARE
+
+
+async def test_estimate_grows_with_the_arrivals_of_higher_priorities(
+    make_scheduler: MakeScheduler,
+) -> None:
+    scheduler, model, clock, tasks = await _measured_and_blocked(make_scheduler, NO_BATCHING, {})
+    # Two priority-1 arrivals in the window (the measuring one and the held one): 1 row/s
+    # at 0.1 s a row leaves priority 3 nine tenths of the model.
+    assert scheduler.estimate_latency_s(1) == pytest.approx(CALL_S)
+    assert scheduler.estimate_latency_s(3) == pytest.approx(CALL_S / 0.9)
     model.release()
     await asyncio.gather(*tasks)
