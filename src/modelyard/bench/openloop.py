@@ -53,7 +53,7 @@ Request = Callable[[int], tuple[str, dict[str, Any], int, float]]
 async def open_loop(
     client: httpx.AsyncClient, request: Request, *, rate_per_s: float, duration_s: float
 ) -> list[Shot]:
-    """Send ``rate_per_s × duration_s`` requests on schedule; every :class:`Shot`, in order."""
+    """Send ``rate_per_s * duration_s`` requests on schedule; every :class:`Shot`, in order."""
     count = max(1, round(rate_per_s * duration_s))
     start = time.perf_counter()
 

@@ -97,10 +97,11 @@ class BatchDispatcher(SchedulerCore):
         and, with early rejection, those too late to finish even if they ran now."""
         early = self.config.early_rejection
         for request in self._queue.ordered(now):
+            call_s = self._service.predict_s(request.rows) if early else None
             if (
                 request.future.done()
                 or request.deadline <= now
-                or (early and request.deadline - now < (self._service.predict_s(request.rows) or 0))
+                or (call_s is not None and request.deadline - now < call_s)
             ):
                 dropped.append(request)
             else:

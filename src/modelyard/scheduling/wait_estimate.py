@@ -115,7 +115,7 @@ def estimate_latency_s(
 
 def share_left(higher_rows_per_s: float, service: ServiceTimes, batch_cap: int) -> float:
     """The share of the model left to a class when more important classes bring
-    ``higher_rows_per_s`` rows per second (``1 - ρ``, at least :data:`MIN_SHARE`)."""
+    ``higher_rows_per_s`` rows per second (one minus their load, at least :data:`MIN_SHARE`)."""
     cap = max(1, batch_cap)
     full_s = service.predict_s(cap)
     if full_s is None or higher_rows_per_s <= 0:

@@ -325,7 +325,7 @@ def test_share_left_by_busier_higher_classes() -> None:
 async def test_estimate_grows_with_the_arrivals_of_higher_priorities(
     make_scheduler: MakeScheduler,
 ) -> None:
-    scheduler, model, clock, tasks = await _measured_and_blocked(make_scheduler, NO_BATCHING, {})
+    scheduler, model, _, tasks = await _measured_and_blocked(make_scheduler, NO_BATCHING, {})
     # Two priority-1 arrivals in the window (the measuring one and the held one): 1 row/s
     # at 0.1 s a row leaves priority 3 nine tenths of the model.
     assert scheduler.estimate_latency_s(1) == pytest.approx(CALL_S)
