@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from modelyard.bench.openloop import Shot, open_loop, percentile
+from modelyard.bench.openloop import Answer, Post, Shot, open_loop, percentile
 from tests.servers import running_server, write_config
 
 from .conftest import python_model
@@ -32,6 +32,19 @@ def _request(i: int) -> tuple[str, dict[str, Any], int, float]:
         "parameters": {"priority": priority},
     }
     return "/v2/models/paced/infer", body, priority, DEADLINE_S
+
+
+def _poster(client: httpx.AsyncClient) -> Post:
+    async def post(path: str, body: dict[str, Any]) -> Answer:
+        try:
+            response = await client.post(path, json=body)
+        except httpx.HTTPError:
+            return 0, None, None
+        doc = response.json()
+        served_by = response.headers.get("x-modelyard-served-by")
+        return response.status_code, doc if isinstance(doc, dict) else None, served_by
+
+    return post
 
 
 def _y(shot: Shot) -> float:
@@ -70,7 +83,7 @@ async def test_burst_at_three_times_capacity(model_root: Path, tmp_path: Path) -
             assert r.status_code == 200, r.text
         capacity = 1.0 / statistics.median(times)
         shots = await open_loop(
-            client, _request, rate_per_s=OVERLOAD * capacity, duration_s=BURST_S
+            _poster(client), _request, rate_per_s=OVERLOAD * capacity, duration_s=BURST_S
         )
         metrics = (await client.get("/metrics")).text
 

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
-__all__ = ["Shot", "open_loop", "percentile"]
+__all__ = ["Answer", "Post", "Shot", "open_loop", "percentile"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +45,17 @@ class Shot:
 
 
 Request = Callable[[int], tuple[str, dict[str, Any], int, float]]
-"""``i`` → ``(path, JSON body, priority, deadline_s)`` of request ``i``."""
+"""``i`` -> ``(path, JSON body, priority, deadline_s)`` of request ``i``."""
+
+Answer = tuple[int, dict[str, Any] | None, str | None]
+"""``(HTTP status, JSON answer or None, x-modelyard-served-by or None)``; status 0: none."""
+
+Post = Callable[[str, dict[str, Any]], Awaitable[Answer]]
+"""Sends one JSON body to a path; the caller's HTTP client (httpx, aiohttp) behind it."""
 
 
 async def open_loop(
-    client: httpx.AsyncClient, request: Request, *, rate_per_s: float, duration_s: float
+    post: Post, request: Request, *, rate_per_s: float, duration_s: float
 ) -> list[Shot]:
     """Send ``rate_per_s * duration_s`` requests on schedule; every :class:`Shot`, in order."""
     count = max(1, round(rate_per_s * duration_s))
@@ -63,24 +67,9 @@ async def open_loop(
         if delay > 0:
             await asyncio.sleep(delay)
         sent = time.perf_counter()
-        try:
-            response = await client.post(path, json=body)
-        except httpx.HTTPError:
-            return Shot(i, priority, deadline_s, time.perf_counter() - sent, 0, None, None)
+        status, doc, served_by = await post(path, body)
         latency = time.perf_counter() - sent
-        try:
-            doc = response.json()
-        except ValueError:
-            doc = None
-        return Shot(
-            i,
-            priority,
-            deadline_s,
-            latency,
-            response.status_code,
-            response.headers.get("x-modelyard-served-by"),
-            doc if isinstance(doc, dict) else None,
-        )
+        return Shot(i, priority, deadline_s, latency, status, served_by, doc)
 
     return list(await asyncio.gather(*(one(i) for i in range(count))))
 
