@@ -26,7 +26,12 @@ from modelyard.scheduling.request_queue import QueuedRequest, RequestState
 from modelyard.scheduling.scheduler_core import Lifecycle, SchedulerCore, copy_error, logger
 from modelyard.scheduling.wait_estimate import RunningCall
 
-__all__ = ["BatchDispatcher"]
+__all__ = ["LATE_CALLS", "BatchDispatcher"]
+
+LATE_CALLS = 2.0
+"""With early rejection, a queued request is refused unrun once less time is left than
+this many of its calls: a call that overruns its deadline gets its worker stopped, which
+fails everything else queued, so a call is only started with one call's time to spare."""
 
 
 class BatchDispatcher(SchedulerCore):
@@ -101,7 +106,7 @@ class BatchDispatcher(SchedulerCore):
             if (
                 request.future.done()
                 or request.deadline <= now
-                or (call_s is not None and request.deadline - now < call_s)
+                or (call_s is not None and request.deadline - now < LATE_CALLS * call_s)
             ):
                 dropped.append(request)
             else:
@@ -119,7 +124,8 @@ class BatchDispatcher(SchedulerCore):
         late = [
             request
             for request in self._queue
-            if request.deadline - now < batch_s + (self._service.predict_s(request.rows) or 0)
+            if request.deadline - now
+            < batch_s + LATE_CALLS * (self._service.predict_s(request.rows) or 0)
         ]
         for request in late:
             self._refuse_late(request, now)

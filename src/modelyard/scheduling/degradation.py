@@ -64,16 +64,19 @@ def decide(
     early_rejection: bool,
     by_priority_s: Mapping[int, float],
     default_slo_s: float | None,
+    slack_s: float = 0.0,
 ) -> Refusal | None:
     """The refusal of a request of ``priority``, or None to admit it.
 
     ``estimate_s(q)`` is the estimated latency of a request of priority ``q`` queued now
     (for ``q == priority``: this request itself); None while nothing is measured.
+    ``slack_s`` is kept free before the deadline (the scheduler passes one call's time:
+    a call that overruns its deadline costs the worker, not only the request).
     """
     own_s = estimate_s(priority)
     if own_s is None:
         return None
-    if early_rejection and now + own_s > deadline:
+    if early_rejection and now + own_s + slack_s > deadline:
         return Refusal("deadline", own_s, deadline - now)
     protected = sorted(q for q in by_priority_s if q < priority)
     if not protected:

@@ -243,6 +243,7 @@ class SchedulerCore:
             early_rejection=config.early_rejection,
             by_priority_s=config.latency_slo_by_priority_s,
             default_slo_s=config.latency_slo_s,
+            slack_s=self._service.predict_s(rows) or 0.0,
         )
 
     def _refusal_error(self, refusal: Refusal, priority: int) -> OverloadedError:

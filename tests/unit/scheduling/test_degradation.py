@@ -245,7 +245,7 @@ async def test_scheduler_refuses_at_once_a_request_that_cannot_meet_its_deadline
     assert scheduler.counters["rejected_unreachable"] == 1
     # A deadline the queue can meet is admitted; so is a more urgent request that
     # jumps the priority-3 queue.
-    tasks.append(_submit(scheduler, clock, 100, priority=3, deadline_in_s=0.65))
+    tasks.append(_submit(scheduler, clock, 100, priority=3, deadline_in_s=0.8))
     tasks.append(_submit(scheduler, clock, 101, priority=1, deadline_in_s=0.3))
     await settle(lambda: scheduler.stats()["queue_depth"] == 6)
     model.release()
@@ -332,3 +332,23 @@ async def test_estimate_grows_with_the_arrivals_of_higher_priorities(
     assert scheduler.estimate_latency_s(3) == pytest.approx(CALL_S / 0.9)
     model.release()
     await asyncio.gather(*tasks)
+
+
+def test_rule_keeps_one_call_of_slack_before_the_deadline() -> None:
+    clock = FakeClock()
+
+    def refused(slack_s: float) -> bool:
+        refusal = decide(
+            priority=3,
+            now=clock.monotonic(),
+            deadline=clock.monotonic() + 0.5,
+            estimate_s=lambda _: 0.45,
+            early_rejection=True,
+            by_priority_s={},
+            default_slo_s=None,
+            slack_s=slack_s,
+        )
+        return refusal is not None
+
+    assert not refused(0.0)
+    assert refused(0.1)  # 0.45 s of queue and call, plus a call's slack, passes 0.5 s
