@@ -31,6 +31,7 @@ from modelyard.frontends.http.app import create_app
 from modelyard.frontends.http.connections import guarded_protocol, overflow_connections
 from modelyard.frontends.http.tls import uvicorn_tls_options
 from modelyard.manager.execute import replica_execute
+from modelyard.manager.fallback import chain_problems
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.poller import RepositoryPoller
 from modelyard.manager.records import ModelRecord, Replica
@@ -297,6 +298,9 @@ class App:
                     f"cannot serve gRPC on {s.host}:{s.grpc_port} (address in use or not allowed?)"
                 ) from None
         problems = await self.manager.start()
+        # Fallbacks must take the same tensors: checked here for the models loaded now
+        # (and again before each fallback, for models loaded later).
+        problems += chain_problems(self.manager)
         if problems and s.exit_on_error:
             await self.stop()
             raise StartupError(

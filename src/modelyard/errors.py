@@ -120,6 +120,16 @@ class OverloadedError(ServerError):
     retryable = True
 
 
+class DeadlineUnreachableError(OverloadedError):
+    """Refused at admission: the queue ahead cannot be worked off before the request's
+    deadline (estimated from measured service times); waiting would only time out."""
+
+
+class LoadShedError(OverloadedError):
+    """Refused at admission to keep a more important priority class within its latency
+    objective (or this one within its own): lower classes are shed first."""
+
+
 class MemoryBudgetError(ServerError):
     """No room on the device even after every allowed eviction."""
 

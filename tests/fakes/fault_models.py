@@ -184,3 +184,25 @@ class RawEchoModel:
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Echo."""
         return {f"{name}_out": value.copy() for name, value in inputs.items()}
+
+
+PACE_S = 0.04
+"""Seconds every call of :class:`PacedModel` takes, whatever its batch: a capacity that
+CPU contention does not move (it sleeps)."""
+
+
+class PacedModel(EchoModel):
+    """``y = x + 1``, taking :data:`PACE_S` per call: a model of known, fixed capacity."""
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Sleep the pace, then add one."""
+        time.sleep(PACE_S)
+        return {"y": (inputs["x"] + 1).astype(np.float32)}
+
+
+class DoublingModel(EchoModel):
+    """``y = 2 x`` at once: a cheap fallback whose answers differ from the others'."""
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Double."""
+        return {"y": (inputs["x"] * 2).astype(np.float32)}

@@ -124,6 +124,19 @@ class ModelConfig(BaseModel):
     latency_slo_s: float | None = Field(default=None, gt=0)
     """Target p99; when set, batch size and delay adapt to keep under it; older name
     ``latency_slo_ms``."""
+    latency_slo_by_priority_s: dict[PositiveInt, float] = Field(default_factory=dict)
+    """Latency objective per request priority (``{1: 0.05, 3: 0.5}``); classes it does not
+    name use ``latency_slo_s``. Under overload the less important classes are shed first
+    so that the more important ones keep their objective (docs/architecture.md,
+    "Degradation under bursts")."""
+    early_rejection: bool = True
+    """Refuse at once (HTTP 429 with Retry-After, or send to the fallback) a request whose
+    estimated wait, from the queue ahead and measured service times, ends past its
+    deadline, instead of letting it wait to time out."""
+    fallback: list[str] = Field(default_factory=list)
+    """Models that answer in this one's place, in order, when it cannot in time (queue
+    full, breaker open, not loadable, deadline unreachable, shed); same input and
+    output names and datatypes, checked when both are loaded."""
     max_queue_size: PositiveInt = 256
     """Requests that may wait for this model; beyond it, HTTP 429."""
     priority: int = Field(default=3, ge=1, le=10)
@@ -203,6 +216,12 @@ class ModelConfig(BaseModel):
                 raise ValueError("'devices' names a device twice")
             if "device" in self.model_fields_set and [self.device] != self.devices:
                 raise ValueError("set 'device' or 'devices', not both")
+        if any(slo <= 0 for slo in self.latency_slo_by_priority_s.values()):
+            raise ValueError("latency_slo_by_priority_s objectives must be > 0 seconds")
+        if self.name in self.fallback:
+            raise ValueError(f"model {self.name!r} cannot be its own fallback")
+        if len(set(self.fallback)) != len(self.fallback):
+            raise ValueError(f"fallback of {self.name!r} names a model twice: {self.fallback}")
         return self
 
     @property

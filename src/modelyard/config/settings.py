@@ -155,6 +155,11 @@ class ServerSettings(BaseSettings):
             for name in m.allowed_devices or ():
                 if name not in devices:
                     raise ValueError(f"model {m.name!r} names unknown device {name!r}")
+            unknown = [name for name in m.fallback if name not in names]
+            if unknown:
+                raise ValueError(
+                    f"model {m.name!r}: fallback names unknown model(s) {', '.join(unknown)}"
+                )
         return self
 
     @property

@@ -8,6 +8,7 @@ model's scheduler, and wraps the outputs. It never touches a worker directly.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
@@ -26,6 +27,13 @@ from modelyard.errors import (
     hide_paths,
 )
 from modelyard.frontends.generation import Generation, context_length
+from modelyard.frontends.tensor_checks import select_outputs, validate_inputs
+from modelyard.manager.fallback import (
+    FallbackReason,
+    allows_fallback,
+    fallback_reason,
+    tensor_mismatch,
+)
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.router import Router
@@ -36,9 +44,7 @@ from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.protocol.limits import count_elements
 from modelyard.protocol.names import check_model_name, check_version_name
 from modelyard.protocol.predict import predict_answer, predict_call, predict_inputs
-from modelyard.protocol.tensors import output_from_array
 from modelyard.protocol.types import (
-    InferOutput,
     InferRequest,
     InferResponse,
     ModelMetadata,
@@ -50,7 +56,13 @@ from modelyard.protocol.types import (
 from modelyard.runtimes.base import TensorSpec
 from modelyard.workers.instance import GenerationCounters
 
+log = logging.getLogger("modelyard.dataplane")
+
 SERVER_NAME = "modelyard"
+SERVED_BY = "served_by"
+"""Response parameter naming the model that answered, set when a fallback did."""
+FALLBACK_REASON = "fallback_reason"
+"""Response parameter: why the requested model did not answer (see manager/fallback.py)."""
 EXTENSIONS = ("model_repository", "binary_tensor_data", "schedule_policy", "statistics")
 
 _PLATFORMS = {
@@ -61,12 +73,6 @@ _PLATFORMS = {
     "llama_cpp": "llama_cpp_gguf",
     "transformers": "transformers_causal_lm",
 }
-
-
-def _shape_matches(spec: tuple[int, ...], shape: tuple[int, ...]) -> bool:
-    return len(spec) == len(shape) and all(
-        s < 0 or s == d for s, d in zip(spec, shape, strict=True)
-    )
 
 
 def _tensors(specs: list[TensorSpec]) -> tuple[TensorMetadata, ...]:
@@ -270,6 +276,48 @@ class DataPlane:
     async def _infer(
         self, record: ModelRecord, request: InferRequest, started: float
     ) -> InferResponse:
+        may_fall_back = allows_fallback(request.parameters) and bool(record.config.fallback)
+        try:
+            return await self._infer_on(record, request, started)
+        except ServerError as exc:
+            reason = fallback_reason(exc) if may_fall_back else None
+            if reason is None:
+                raise
+            return await self._fall_back(record, request, started, exc, reason)
+
+    async def _fall_back(
+        self,
+        record: ModelRecord,
+        request: InferRequest,
+        started: float,
+        error: ServerError,
+        reason: FallbackReason,
+    ) -> InferResponse:
+        """Answer from the first model of ``record``'s fallback chain that can, within the
+        request's own deadline (measured from ``started``); else raise ``error``."""
+        for name in record.config.fallback:
+            try:
+                other = self.manager.resolve(name, None)
+                if record.info is not None and other.info is not None:
+                    mismatch = tensor_mismatch(record.info, other.info)
+                    if mismatch is not None:
+                        log.error("model %s: fallback %s skipped: %s", record.key, name, mismatch)
+                        continue
+                response = await self._infer_on(other, request, started)
+            except ServerError as exc:
+                if fallback_reason(exc) is None:
+                    raise
+                continue  # this one cannot either: try the next
+            response.parameters[SERVED_BY] = other.key.name
+            response.parameters[FALLBACK_REASON] = reason
+            if self.metrics is not None:
+                self.metrics.fallback(record.key.name, other.key.name, reason)
+            return response
+        raise error
+
+    async def _infer_on(
+        self, record: ModelRecord, request: InferRequest, started: float
+    ) -> InferResponse:
         client_timeout_s = request.timeout_s
         if client_timeout_s is not None and client_timeout_s <= 0:
             raise InvalidInputError("'timeout' must be positive")
@@ -279,14 +327,14 @@ class DataPlane:
             timeout_s=record.config.timeout_s,
             client_timeout_s=client_timeout_s,
         ) as route:
-            inputs = self._validate(record, request, route.info.inputs)
+            inputs = validate_inputs(record, request, route.info.inputs)
             outputs = await route.scheduler.submit(
                 inputs, priority=request.priority, deadline=route.deadline
             )
         response = InferResponse(
             model_name=record.key.name,
             model_version=record.key.version,
-            outputs=self._outputs(request, outputs, route.info.outputs),
+            outputs=select_outputs(request, outputs, route.info.outputs),
             id=request.id,
         )
         # The raw bytes are a lower bound of any encoding: refuse before encoding them.
@@ -301,58 +349,6 @@ class DataPlane:
                 f"{self.max_response_bytes} (limits.max_response_bytes): ask for fewer "
                 "outputs or a smaller batch"
             )
-
-    @staticmethod
-    def _validate(
-        record: ModelRecord, request: InferRequest, specs: list[TensorSpec]
-    ) -> dict[str, np.ndarray]:
-        by_name = {s.name: s for s in specs}
-        inputs: dict[str, np.ndarray] = {}
-        for tensor in request.inputs:
-            spec = by_name.get(tensor.name)
-            if spec is None:
-                raise InvalidInputError(
-                    f"model {record.key.name!r} has no input {tensor.name!r}; "
-                    f"inputs are: {', '.join(by_name)}"
-                )
-            if tensor.name in inputs:
-                raise InvalidInputError(f"input {tensor.name!r} is given twice")
-            if tensor.datatype != spec.datatype:
-                raise InvalidInputError(
-                    f"input {tensor.name!r}: datatype {tensor.datatype} does not match the "
-                    f"model's {spec.datatype}"
-                )
-            if not _shape_matches(spec.shape, tensor.shape):
-                raise InvalidInputError(
-                    f"input {tensor.name!r}: shape {list(tensor.shape)} does not match the "
-                    f"model's {list(spec.shape)} (-1 means any size)"
-                )
-            inputs[tensor.name] = tensor.array
-        missing = [name for name in by_name if name not in inputs]
-        if missing:
-            raise InvalidInputError(
-                f"model {record.key.name!r} needs input(s) {', '.join(missing)}, not given"
-            )
-        return inputs
-
-    @staticmethod
-    def _outputs(
-        request: InferRequest, outputs: dict[str, np.ndarray], specs: list[TensorSpec]
-    ) -> list[InferOutput]:
-        if request.outputs:
-            result = []
-            for wanted in request.outputs:
-                if wanted.name not in outputs:
-                    raise InvalidInputError(
-                        f"requested output {wanted.name!r} does not exist; outputs are: "
-                        f"{', '.join(outputs)}"
-                    )
-                out = output_from_array(wanted.name, outputs[wanted.name])
-                out.parameters = dict(wanted.parameters)
-                result.append(out)
-            return result
-        order = [s.name for s in specs if s.name in outputs] or list(outputs)
-        return [output_from_array(name, outputs[name]) for name in order]
 
     # ------------------------------------------------------------------ generation
 

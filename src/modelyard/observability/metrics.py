@@ -182,6 +182,13 @@ class Metrics:
             "modelyard_generation_generated_tokens",
             "Generation: tokens generated (as counted by the workers).",
         )
+        self.fallbacks = Counter(
+            "modelyard_inference_fallbacks",
+            "Requests answered by a fallback model, by requested model, fallback and reason "
+            "(queue_full, deadline, shed, circuit_open, unavailable).",
+            ["model", "fallback", "reason"],
+            registry=registry,
+        )
         if process_metrics:
             ProcessCollector(namespace="modelyard", registry=registry)
 
@@ -243,6 +250,10 @@ class Metrics:
                 m.compute_seconds.observe(compute_s)
 
         return on_batch
+
+    def fallback(self, model: str, fallback: str, reason: str) -> None:
+        """A request for ``model`` was answered by ``fallback`` because of ``reason``."""
+        self.fallbacks.labels(model, fallback, reason).inc()
 
     def cold_start_wait(self, model: str, version: str, wait_s: float) -> None:
         """A request found its model not ready and waited ``wait_s`` for the load."""

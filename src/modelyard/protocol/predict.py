@@ -85,8 +85,9 @@ def predict_inputs(
 
 
 def predict_answer(response: InferResponse) -> dict[str, object]:
-    """``{"model", "version", "outputs": {name: nested list}}``."""
-    return {
+    """``{"model", "version", "outputs": {name: nested list}}``, plus ``served_by`` and
+    ``fallback_reason`` when a fallback model answered."""
+    answer: dict[str, object] = {
         "model": response.model_name,
         "version": response.model_version,
         "outputs": {
@@ -96,3 +97,7 @@ def predict_answer(response: InferResponse) -> dict[str, object]:
             for o in response.outputs
         },
     }
+    for key in ("served_by", "fallback_reason"):
+        if key in response.parameters:
+            answer[key] = response.parameters[key]
+    return answer

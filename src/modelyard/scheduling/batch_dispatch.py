@@ -13,14 +13,25 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 
-from modelyard.errors import InternalError, InvalidInputError, ServerError
+from modelyard.errors import (
+    DeadlineUnreachableError,
+    InternalError,
+    InvalidInputError,
+    ServerError,
+)
 from modelyard.scheduling.batcher import select_batch
 from modelyard.scheduling.breaker import BreakerState
 from modelyard.scheduling.dispatcher import call_model
 from modelyard.scheduling.request_queue import QueuedRequest, RequestState
 from modelyard.scheduling.scheduler_core import Lifecycle, SchedulerCore, copy_error, logger
+from modelyard.scheduling.wait_estimate import RunningCall
 
-__all__ = ["BatchDispatcher"]
+__all__ = ["LATE_CALLS", "BatchDispatcher"]
+
+LATE_CALLS = 2.0
+"""With early rejection, a queued request is refused unrun once less time is left than
+this many of its calls: a call that overruns its deadline gets its worker stopped, which
+fails everything else queued, so a call is only started with one call's time to spare."""
 
 
 class BatchDispatcher(SchedulerCore):
@@ -59,7 +70,10 @@ class BatchDispatcher(SchedulerCore):
                 max_elements=self.config.max_batch_elements,
             )
             for request in dropped:
-                self._expire_queued(request)
+                if request.deadline <= now or request.future.done():
+                    self._expire_queued(request)
+                else:
+                    self._refuse_late(request, now)
             if selection is None or self._direct:
                 if selection is None and self._state is not Lifecycle.RUNNING:
                     return None
@@ -76,6 +90,7 @@ class BatchDispatcher(SchedulerCore):
                 self._queue.take(selection.entries)
                 for request in selection.entries:
                     request.state = RequestState.RUNNING
+                self._refuse_behind(selection.entries, now)
                 return selection.entries
             self._wakeup.clear()
             with contextlib.suppress(TimeoutError):
@@ -83,12 +98,53 @@ class BatchDispatcher(SchedulerCore):
                     await self._wakeup.wait()
 
     def _live(self, now: float, dropped: list[QueuedRequest]) -> Iterator[QueuedRequest]:
-        """Queued requests in order, leaving answered or expired ones in ``dropped``."""
+        """Queued requests in order, leaving in ``dropped`` the answered or expired ones
+        and, with early rejection, those too late to finish even if they ran now."""
+        early = self.config.early_rejection
         for request in self._queue.ordered(now):
-            if request.future.done() or request.deadline <= now:
+            call_s = self._service.predict_s(request.rows) if early else None
+            if (
+                request.future.done()
+                or request.deadline <= now
+                or (call_s is not None and request.deadline - now < LATE_CALLS * call_s)
+            ):
                 dropped.append(request)
             else:
                 yield request
+
+    def _refuse_behind(self, batch: list[QueuedRequest], now: float) -> None:
+        """With early rejection and one slot: refuse now the queued requests that could
+        not finish by their deadline even if they ran right after ``batch``, instead of
+        letting them time out in the queue while it runs."""
+        if not self.config.early_rejection or self.config.max_concurrency != 1:
+            return
+        batch_s = self._service.predict_s(sum(r.rows for r in batch))
+        if batch_s is None:
+            return
+        late = [
+            request
+            for request in self._queue
+            if request.deadline - now
+            < batch_s + LATE_CALLS * (self._service.predict_s(request.rows) or 0)
+        ]
+        for request in late:
+            self._refuse_late(request, now)
+
+    def _refuse_late(self, request: QueuedRequest, now: float) -> None:
+        """Answer a queued request that can no longer finish by its deadline: it never
+        ran, so its fallback (if any) may still answer, and running it would only
+        overrun (and the worker layer stops workers that overrun)."""
+        self._queue.remove(request)
+        request.state = RequestState.DONE
+        self._breaker.release([request.permit])
+        left_s = request.deadline - now
+        error = DeadlineUnreachableError(
+            f"model {self.name!r}: the request waited {now - request.arrival:.3f} s; the "
+            f"{left_s:.3f} s left before its deadline are too few for the calls before it "
+            "and its own; not run",
+            retry_after_s=1.0,
+        )
+        self._fail(request, error, "unreachable_queued")
 
     def _expire_queued(self, request: QueuedRequest) -> None:
         self._queue.remove(request)
@@ -118,7 +174,11 @@ class BatchDispatcher(SchedulerCore):
                 runnable.append(request)
         if not runnable:
             return
-        report = await call_model(self.name, self._execute, self._clock, runnable)
+        self._in_call[id(runnable)] = RunningCall(now, sum(r.rows for r in runnable))
+        try:
+            report = await call_model(self.name, self._execute, self._clock, runnable)
+        finally:
+            del self._in_call[id(runnable)]
         self._counts["model_calls"] += 1
         if isinstance(report.error, InvalidInputError) and len(runnable) > 1:
             # One bad request must not fail its neighbours: run each alone.

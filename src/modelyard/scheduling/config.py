@@ -9,6 +9,7 @@ YAML's own :class:`~modelyard.config.model_config.BreakerConfig` (re-exported he
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from modelyard.config.model_config import BreakerConfig, ModelConfig
@@ -46,6 +47,11 @@ class SchedulerConfig:
     """The model's circuit breaker."""
     max_batch_elements: int | None = None
     """Most tensor elements (all inputs) in one batch; None: rows alone bound it."""
+    early_rejection: bool = True
+    """Refuse at once a request whose estimated latency ends after its deadline
+    (:mod:`~modelyard.scheduling.degradation`)."""
+    latency_slo_by_priority_s: Mapping[int, float] = field(default_factory=dict)
+    """Latency objective per priority; drives shedding of the less important classes."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 0:
@@ -64,6 +70,11 @@ class SchedulerConfig:
             raise ValueError(f"default_priority must be >= 1, got {self.default_priority}")
         if self.max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if any(p < 1 or slo <= 0 for p, slo in self.latency_slo_by_priority_s.items()):
+            raise ValueError(
+                "latency_slo_by_priority_s maps priorities >= 1 to objectives > 0, got "
+                f"{dict(self.latency_slo_by_priority_s)}"
+            )
         if self.aging_s <= 0:
             raise ValueError(f"aging_s must be > 0, got {self.aging_s}")
 
@@ -95,4 +106,6 @@ class SchedulerConfig:
             max_concurrency=max_concurrency,
             breaker=breaker if breaker is not None else model.breaker,
             max_batch_elements=max_batch_elements,
+            early_rejection=model.early_rejection,
+            latency_slo_by_priority_s=dict(model.latency_slo_by_priority_s),
         )

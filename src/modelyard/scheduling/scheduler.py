@@ -62,6 +62,7 @@ from modelyard.scheduling.scheduler_core import (
     copy_error,
 )
 from modelyard.scheduling.stats import SchedulerStats
+from modelyard.scheduling.wait_estimate import RunningCall
 
 __all__ = ["ADMISSION_COUNTERS", "OUTCOME_COUNTERS", "BatchHook", "Execute", "ModelScheduler"]
 
@@ -144,7 +145,9 @@ class ModelScheduler(BatchDispatcher):
         ``deadline`` is absolute monotonic seconds on the scheduler's clock (``math.inf``:
         none). Raises
         ``ModelNotReadyError`` (not started, draining, closed), ``InvalidInputError``
-        (bad priority), ``OverloadedError`` (queue full), ``CircuitOpenError``,
+        (bad priority), ``OverloadedError`` (queue full; its subclasses
+        ``DeadlineUnreachableError`` and ``LoadShedError`` when refused early, see
+        :mod:`~modelyard.scheduling.degradation`), ``CircuitOpenError``,
         ``DeadlineExceededError``, or whatever typed error the model call raised.
         """
         if self._state is not Lifecycle.RUNNING:
@@ -167,6 +170,10 @@ class ModelScheduler(BatchDispatcher):
                 f"retry in about {retry_after_s:.2f} s",
                 retry_after_s=retry_after_s,
             )
+        refusal = self._refusal(level, row_count(inputs), now, deadline)
+        if refusal is not None:
+            raise self._refusal_error(refusal, level)
+        self._note_arrival(level, row_count(inputs), now)
         permit = self._breaker.admit()
         if permit is None:
             self._counts["rejected_circuit"] += 1
@@ -321,8 +328,10 @@ class ModelScheduler(BatchDispatcher):
         me = asyncio.current_task()
         assert me is not None
         self._direct_tasks[me] = False
+        batch = [request]
+        self._in_call[id(batch)] = RunningCall(now, request.rows)
         try:
-            report = await call_model(self.name, self._execute, self._clock, [request])
+            report = await call_model(self.name, self._execute, self._clock, batch)
         except asyncio.CancelledError:
             self._breaker.release([permit])
             if self._direct_tasks.get(me):
@@ -332,6 +341,7 @@ class ModelScheduler(BatchDispatcher):
             self._counts["cancelled"] += 1
             raise
         finally:
+            del self._in_call[id(batch)]
             del self._direct_tasks[me]
             self._direct -= 1
             if not self._direct:

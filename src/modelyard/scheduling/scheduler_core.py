@@ -15,7 +15,7 @@ import copy
 import itertools
 import logging
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from enum import Enum
 
@@ -23,14 +23,24 @@ from modelyard.clock import Clock, MonotonicClock
 from modelyard.errors import (
     CircuitOpenError,
     DeadlineExceededError,
+    DeadlineUnreachableError,
+    LoadShedError,
     ModelNotReadyError,
+    OverloadedError,
     ServerError,
 )
 from modelyard.scheduling.adaptive import AdaptiveBatchController
 from modelyard.scheduling.breaker import BreakerState, CircuitBreaker
 from modelyard.scheduling.config import SchedulerConfig
+from modelyard.scheduling.degradation import Refusal, decide
 from modelyard.scheduling.dispatcher import CallReport, Execute
 from modelyard.scheduling.request_queue import QueuedRequest, RequestQueue
+from modelyard.scheduling.wait_estimate import (
+    RunningCall,
+    ServiceTimes,
+    estimate_latency_s,
+    share_left,
+)
 
 __all__ = [
     "ADMISSION_COUNTERS",
@@ -54,20 +64,29 @@ ADMISSION_COUNTERS = (
     "rejected_expired",
     "rejected_overloaded",
     "rejected_circuit",
+    "rejected_unreachable",
+    "rejected_shed",
 )
-"""``stats()`` counters of admission: accepted, or refused at once (and why)."""
+"""``stats()`` counters of admission: accepted, or refused at once (and why):
+``rejected_unreachable`` (deadline cannot be met) and ``rejected_shed`` (shed by priority)
+come from :mod:`~modelyard.scheduling.degradation`."""
 OUTCOME_COUNTERS = (
     "succeeded",
     "failed",
     "expired_queued",
     "expired_running",
+    "unreachable_queued",
     "circuit_open",
     "cancelled",
 )
 """``stats()`` counters of what became of accepted requests; once settled, they sum to
-``accepted``. ``circuit_open`` counts queued requests failed because the breaker opened."""
+``accepted``. ``circuit_open`` counts queued requests failed because the breaker opened;
+``unreachable_queued`` those refused at dispatch because less time was left than one
+call takes (early rejection)."""
 COUNTERS = (*ADMISSION_COUNTERS, *OUTCOME_COUNTERS, "model_calls")
 _RETRY_AFTER_BOUNDS_S = (0.01, 30.0)
+ARRIVAL_WINDOW_S = 2.0
+"""How far back admitted requests count toward the arrival rate of each priority."""
 _EWMA_ALPHA = 0.2
 
 
@@ -124,6 +143,12 @@ class SchedulerCore:
         self._counts: Counter[str] = Counter()
         self._ewma_call_s: float | None = None
         self._ewma_call_requests: float | None = None
+        self._service = ServiceTimes()
+        """Measured compute seconds per batch size: what the wait estimate runs on."""
+        self._arrivals: deque[tuple[float, int, int]] = deque()
+        """``(time, priority, rows)`` of requests admitted in the last ARRIVAL_WINDOW_S."""
+        self._in_call: dict[int, RunningCall] = {}
+        """Model calls in flight (keyed by the id of their request list), for the estimate."""
 
     @property
     def _running_requests(self) -> int:
@@ -144,6 +169,8 @@ class SchedulerCore:
             self._breaker.record(failed=False, permits=permits)
         else:
             self._breaker.release(permits)
+        if report.error is None:
+            self._service.observe(report.rows, report.compute_s)
         self._ewma_call_s = _ewma(self._ewma_call_s, report.compute_s)
         self._ewma_call_requests = _ewma(self._ewma_call_requests, float(len(report.requests)))
         if self._adaptive is not None and (
@@ -160,6 +187,90 @@ class SchedulerCore:
                 self.on_batch(report.rows, waits_s, report.compute_s)
             except Exception:
                 logger.exception("model %r: on_batch hook failed; ignoring it", self.name)
+
+    # ---------------------------------------------------------------- degradation
+
+    @property
+    def service_times(self) -> ServiceTimes:
+        """The measured compute seconds per batch size (read it; the scheduler feeds it)."""
+        return self._service
+
+    def estimate_latency_s(self, priority: int, rows: int = 1) -> float | None:
+        """Estimated seconds until a request of ``priority`` and ``rows`` queued now is
+        answered (see :mod:`~modelyard.scheduling.wait_estimate`); None before any call."""
+        if not self._service.is_known:
+            return None
+        now = self._clock.monotonic()
+        ahead = sum(
+            request.rows
+            for request in self._queue
+            if self._queue.effective_priority(request, now) <= priority
+        )
+        cap = self._limits()[0]
+        estimate = estimate_latency_s(
+            self._service,
+            now=now,
+            rows_ahead=ahead,
+            own_rows=rows,
+            batch_cap=cap,
+            concurrency=self.config.max_concurrency,
+            running=self._in_call.values(),
+        )
+        if estimate is None:
+            return None
+        self._forget_arrivals(now)
+        higher = sum(r for _, p, r in self._arrivals if p < priority) / ARRIVAL_WINDOW_S
+        return estimate / share_left(higher, self._service, cap)
+
+    def _note_arrival(self, priority: int, rows: int, now: float) -> None:
+        """Count an admitted request toward its priority's arrival rate."""
+        self._arrivals.append((now, priority, rows))
+        self._forget_arrivals(now)
+
+    def _forget_arrivals(self, now: float) -> None:
+        while self._arrivals and self._arrivals[0][0] < now - ARRIVAL_WINDOW_S:
+            self._arrivals.popleft()
+
+    def _refusal(self, priority: int, rows: int, now: float, deadline: float) -> Refusal | None:
+        config = self.config
+        if not config.early_rejection and not config.latency_slo_by_priority_s:
+            return None
+        return decide(
+            priority=priority,
+            now=now,
+            deadline=deadline,
+            estimate_s=lambda q: self.estimate_latency_s(q, rows if q == priority else 1),
+            early_rejection=config.early_rejection,
+            by_priority_s=config.latency_slo_by_priority_s,
+            default_slo_s=config.latency_slo_s,
+            slack_s=self._service.predict_s(rows) or 0.0,
+        )
+
+    def _refusal_error(self, refusal: Refusal, priority: int) -> OverloadedError:
+        """The typed answer to a refused request; Retry-After is the excess over its limit."""
+        low, high = _RETRY_AFTER_BOUNDS_S
+        retry_after_s = min(high, max(low, refusal.estimate_s - refusal.limit_s))
+        if refusal.reason == "deadline":
+            self._counts["rejected_unreachable"] += 1
+            return DeadlineUnreachableError(
+                f"model {self.name!r}: the request would be answered in about "
+                f"{refusal.estimate_s:.3f} s, after its deadline ({refusal.limit_s:.3f} s "
+                f"left); refused at once; retry in about {retry_after_s:.2f} s",
+                retry_after_s=retry_after_s,
+            )
+        self._counts["rejected_shed"] += 1
+        if refusal.protected is not None:
+            why = f"to keep priority {refusal.protected} within its latency objective"
+        else:
+            why = (
+                f"its estimated latency {refusal.estimate_s:.3f} s is over the objective "
+                f"of priority {priority} ({refusal.limit_s:.3f} s)"
+            )
+        return LoadShedError(
+            f"model {self.name!r} is overloaded: priority {priority} request shed {why}; "
+            f"retry in about {retry_after_s:.2f} s",
+            retry_after_s=retry_after_s,
+        )
 
     # ---------------------------------------------------------------- answers
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from modelyard.errors import RequestCancelledError
-from modelyard.frontends.dataplane import DataPlane
+from modelyard.frontends.dataplane import SERVED_BY, DataPlane
 from modelyard.frontends.http.bodies import read_body
 from modelyard.frontends.http.codec import decode_request, encode_response
 from modelyard.frontends.http.errors import answer_error
@@ -23,6 +23,8 @@ from modelyard.protocol.types import earliest, header_timeout_s
 
 _WATCH_AFTER_S = 0.002
 """A request still unanswered after this long is watched for its client disconnecting."""
+SERVED_BY_HEADER = b"x-modelyard-served-by"
+"""Response header naming the fallback model that answered (absent: the requested one)."""
 _INFER_PREFIX = "/v2/models/"
 _INFER_SUFFIX = "/infer"
 T = TypeVar("T")
@@ -112,7 +114,7 @@ class InferHandler:
                 declared = int(value)
         try:
             body = await read_body(receive, self.max_request_bytes, declared)
-            payload, header_len = await self.infer_body(
+            payload, header_len, served_by = await self.infer_body(
                 model, version, body, header_length, timeout_ms, receive
             )
         except Exception as exc:  # the server must keep serving whatever happened
@@ -124,6 +126,8 @@ class InferHandler:
         else:
             headers.append((b"content-type", b"application/octet-stream"))
             headers.append((b"inference-header-content-length", str(header_len).encode()))
+        if served_by is not None:
+            headers.append((SERVED_BY_HEADER, served_by.encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
@@ -135,16 +139,18 @@ class InferHandler:
         header_length: str | None,
         timeout_ms: str | None,
         receive: Receive,
-    ) -> tuple[bytes, int | None]:
-        """Decode, infer (cancelled if the client disconnects), encode: the response body
-        and, for binary outputs, the JSON header's length."""
+    ) -> tuple[bytes, int | None, str | None]:
+        """Decode, infer (cancelled if the client disconnects), encode: the response body,
+        for binary outputs the JSON header's length, and the fallback model that answered
+        (None: the requested one did)."""
         req = decode_request(body, header_length, model, version, self.dp.max_request_elements)
         if timeout_ms is not None:
             req.timeout_s = earliest(req.timeout_s, header_timeout_s(timeout_ms))
         resp = await unless_disconnected(receive, self.dp.infer(req))
         payload, header_len = encode_response(resp, req)
         self.dp.check_response_bytes(len(payload))
-        return payload, header_len
+        served_by = resp.parameters.get(SERVED_BY)
+        return payload, header_len, served_by if isinstance(served_by, str) else None
 
 
 class InferFastPath:

@@ -1,0 +1,71 @@
+"""Checks of an inference request against a model's tensors, and the outputs it asked for."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from modelyard.errors import InvalidInputError
+from modelyard.manager.records import ModelRecord
+from modelyard.protocol.tensors import output_from_array
+from modelyard.protocol.types import InferOutput, InferRequest
+from modelyard.runtimes.base import TensorSpec
+
+
+def _shape_matches(spec: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    return len(spec) == len(shape) and all(
+        s < 0 or s == d for s, d in zip(spec, shape, strict=True)
+    )
+
+
+def validate_inputs(
+    record: ModelRecord, request: InferRequest, specs: list[TensorSpec]
+) -> dict[str, np.ndarray]:
+    """The request's input arrays by name, checked against the model's inputs."""
+    by_name = {s.name: s for s in specs}
+    inputs: dict[str, np.ndarray] = {}
+    for tensor in request.inputs:
+        spec = by_name.get(tensor.name)
+        if spec is None:
+            raise InvalidInputError(
+                f"model {record.key.name!r} has no input {tensor.name!r}; "
+                f"inputs are: {', '.join(by_name)}"
+            )
+        if tensor.name in inputs:
+            raise InvalidInputError(f"input {tensor.name!r} is given twice")
+        if tensor.datatype != spec.datatype:
+            raise InvalidInputError(
+                f"input {tensor.name!r}: datatype {tensor.datatype} does not match the "
+                f"model's {spec.datatype}"
+            )
+        if not _shape_matches(spec.shape, tensor.shape):
+            raise InvalidInputError(
+                f"input {tensor.name!r}: shape {list(tensor.shape)} does not match the "
+                f"model's {list(spec.shape)} (-1 means any size)"
+            )
+        inputs[tensor.name] = tensor.array
+    missing = [name for name in by_name if name not in inputs]
+    if missing:
+        raise InvalidInputError(
+            f"model {record.key.name!r} needs input(s) {', '.join(missing)}, not given"
+        )
+    return inputs
+
+
+def select_outputs(
+    request: InferRequest, outputs: dict[str, np.ndarray], specs: list[TensorSpec]
+) -> list[InferOutput]:
+    """The outputs the request asked for (all, in metadata order, when it named none)."""
+    if request.outputs:
+        result = []
+        for wanted in request.outputs:
+            if wanted.name not in outputs:
+                raise InvalidInputError(
+                    f"requested output {wanted.name!r} does not exist; outputs are: "
+                    f"{', '.join(outputs)}"
+                )
+            out = output_from_array(wanted.name, outputs[wanted.name])
+            out.parameters = dict(wanted.parameters)
+            result.append(out)
+        return result
+    order = [s.name for s in specs if s.name in outputs] or list(outputs)
+    return [output_from_array(name, outputs[name]) for name in order]

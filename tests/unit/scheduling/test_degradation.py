@@ -1,0 +1,354 @@
+"""Early rejection and shedding by priority: the wait estimator, the rule, and the
+scheduler refusing at admission, all on the fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from modelyard.errors import DeadlineUnreachableError, LoadShedError, OverloadedError
+from modelyard.scheduling import ModelScheduler, SchedulerConfig
+from modelyard.scheduling.degradation import SHED_HEADROOM, Refusal, decide
+from modelyard.scheduling.wait_estimate import (
+    MIN_SHARE,
+    RunningCall,
+    ServiceTimes,
+    estimate_latency_s,
+    share_left,
+)
+
+from ._fakes import FakeClock, FakeModel, MakeScheduler, settle, tensor
+
+CALL_S = 0.1
+"""Fake-clock seconds every model call takes in the scheduler tests."""
+FAR_S = 30.0
+
+
+# ------------------------------------------------------------------ service times
+
+
+def test_service_times_unknown_until_measured() -> None:
+    service = ServiceTimes()
+    assert not service.is_known
+    assert service.predict_s(4) is None
+
+
+def test_service_times_smooth_and_extrapolate() -> None:
+    service = ServiceTimes(alpha=0.5)
+    service.observe(4, 0.2)
+    service.observe(4, 0.4)
+    assert service.predict_s(4) == pytest.approx(0.3)  # EWMA, not the last value
+    assert service.predict_s(2) == pytest.approx(0.3)  # nearest larger size measured
+    assert service.predict_s(8) == pytest.approx(0.6)  # largest smaller, scaled linearly
+    service.observe(0, 5.0)  # an empty call says nothing
+    assert service.predict_s(1) == pytest.approx(0.3)
+
+
+# ------------------------------------------------------------------ the estimate
+
+
+def _measured(clock: FakeClock) -> ServiceTimes:
+    service = ServiceTimes()
+    service.observe(1, 0.1)
+    service.observe(4, 0.25)
+    return service
+
+
+def test_estimate_none_before_any_measurement() -> None:
+    clock = FakeClock()
+    estimate = estimate_latency_s(
+        ServiceTimes(),
+        now=clock.monotonic(),
+        rows_ahead=10,
+        own_rows=1,
+        batch_cap=4,
+        concurrency=1,
+        running=[],
+    )
+    assert estimate is None
+
+
+def test_estimate_counts_full_batches_the_rest_and_the_running_call() -> None:
+    clock = FakeClock()
+    service = _measured(clock)
+    running = [RunningCall(started=clock.monotonic(), rows=4)]
+    clock.advance(0.05)  # the running call of 0.25 s has 0.20 s left
+    estimate = estimate_latency_s(
+        service,
+        now=clock.monotonic(),
+        rows_ahead=8,
+        own_rows=1,
+        batch_cap=4,
+        concurrency=1,
+        running=running,
+    )
+    # 9 rows: two full batches of 4 (0.25 s each) and one of 1 (0.1 s), after 0.20 s.
+    assert estimate == pytest.approx(0.20 + 2 * 0.25 + 0.1)
+
+
+def test_estimate_free_slot_does_not_wait_and_concurrency_divides() -> None:
+    clock = FakeClock()
+    service = _measured(clock)
+    running = [RunningCall(started=clock.monotonic(), rows=4)]
+    estimate = estimate_latency_s(
+        service,
+        now=clock.monotonic(),
+        rows_ahead=7,
+        own_rows=1,
+        batch_cap=4,
+        concurrency=2,
+        running=running,
+    )
+    assert estimate == pytest.approx(2 * 0.25 / 2)
+
+
+def test_estimate_overdue_call_counts_as_ending_now() -> None:
+    clock = FakeClock()
+    service = _measured(clock)
+    running = [RunningCall(started=clock.monotonic(), rows=1)]
+    clock.advance(5.0)
+    estimate = estimate_latency_s(
+        service,
+        now=clock.monotonic(),
+        rows_ahead=0,
+        own_rows=1,
+        batch_cap=1,
+        concurrency=1,
+        running=running,
+    )
+    assert estimate == pytest.approx(0.1)
+
+
+# ------------------------------------------------------------------ the rule
+
+
+def _decide(
+    estimates: dict[int, float | None],
+    *,
+    priority: int,
+    deadline_in_s: float = FAR_S,
+    by_priority_s: dict[int, float] | None = None,
+    default_slo_s: float | None = None,
+    early_rejection: bool = True,
+) -> Refusal | None:
+    clock = FakeClock()
+    return decide(
+        priority=priority,
+        now=clock.monotonic(),
+        deadline=clock.monotonic() + deadline_in_s,
+        estimate_s=lambda q: estimates[q],
+        early_rejection=early_rejection,
+        by_priority_s=by_priority_s or {},
+        default_slo_s=default_slo_s,
+    )
+
+
+def test_rule_refuses_a_request_that_would_miss_its_deadline() -> None:
+    refusal = _decide({3: 0.5}, priority=3, deadline_in_s=0.3)
+    assert refusal is not None
+    assert (refusal.reason, refusal.estimate_s) == ("deadline", 0.5)
+    assert refusal.limit_s == pytest.approx(0.3)
+    assert _decide({3: 0.5}, priority=3, deadline_in_s=0.6) is None
+    assert _decide({3: 0.5}, priority=3, deadline_in_s=0.3, early_rejection=False) is None
+
+
+def test_rule_admits_everything_before_a_measurement() -> None:
+    assert _decide({1: None, 3: None}, priority=3, deadline_in_s=0.001) is None
+
+
+def test_rule_sheds_lower_class_when_a_higher_one_is_at_risk() -> None:
+    slo = {1: 1.0}
+    at_risk = SHED_HEADROOM * 1.0 + 0.01
+    refusal = _decide({1: at_risk, 3: 0.2}, priority=3, by_priority_s=slo)
+    assert refusal is not None
+    assert refusal.reason == "shed"
+    assert refusal.protected == 1
+    # With headroom left for priority 1, priority 3 is admitted.
+    assert _decide({1: 0.4, 3: 2.0}, priority=3, by_priority_s=slo) is None
+
+
+def test_rule_never_sheds_the_most_important_class() -> None:
+    slo = {1: 0.1, 3: 0.5}
+    assert _decide({1: 5.0}, priority=1, by_priority_s=slo) is None
+    # ...but its deadline still counts.
+    refusal = _decide({1: 5.0}, priority=1, by_priority_s=slo, deadline_in_s=1.0)
+    assert refusal is not None
+    assert refusal.reason == "deadline"
+
+
+def test_rule_sheds_a_class_over_its_own_objective() -> None:
+    slo = {1: 1.0, 3: 0.3}
+    refusal = _decide({1: 0.1, 3: 0.4}, priority=3, by_priority_s=slo)
+    assert refusal == Refusal("shed", 0.4, 0.3, protected=None)
+    # A class the map does not name uses the model's objective.
+    refusal = _decide({1: 0.1, 3: 0.1, 5: 0.4}, priority=5, by_priority_s=slo, default_slo_s=0.35)
+    assert refusal is not None
+    assert refusal.limit_s == 0.35
+    assert _decide({1: 0.1, 3: 0.1, 5: 0.4}, priority=5, by_priority_s=slo) is None
+
+
+# ------------------------------------------------------------------ the scheduler
+
+
+def _submit(
+    scheduler: ModelScheduler, clock: FakeClock, rid: int, *, priority: int, deadline_in_s: float
+) -> asyncio.Task[dict[str, np.ndarray]]:
+    return asyncio.create_task(
+        scheduler.submit(
+            {"x": tensor(rid)}, priority=priority, deadline=clock.monotonic() + deadline_in_s
+        )
+    )
+
+
+async def _measured_and_blocked(
+    make: MakeScheduler, config: SchedulerConfig, queued: dict[int, int]
+) -> tuple[ModelScheduler, FakeModel, FakeClock, list[asyncio.Task[dict[str, np.ndarray]]]]:
+    """A scheduler that measured one call of ``CALL_S``, then holds a call while
+    ``queued`` (priority → count) requests wait."""
+    clock = FakeClock()
+    model = FakeModel(on_call=lambda: clock.advance(CALL_S))
+    scheduler = make(config, model, clock)
+    await scheduler.start()
+    await _submit(scheduler, clock, 0, priority=1, deadline_in_s=FAR_S)
+    assert scheduler.service_times.predict_s(1) == pytest.approx(CALL_S)
+    model.hold()
+    tasks = [_submit(scheduler, clock, 1, priority=1, deadline_in_s=FAR_S)]
+    await settle(lambda: len(model.calls) == 2)
+    for priority, count in queued.items():
+        tasks += [
+            _submit(scheduler, clock, 10 + i, priority=priority, deadline_in_s=FAR_S)
+            for i in range(count)
+        ]
+    await settle(lambda: scheduler.stats()["queue_depth"] == sum(queued.values()))
+    return scheduler, model, clock, tasks
+
+
+NO_BATCHING = SchedulerConfig(max_batch_size=1)
+
+
+async def test_scheduler_refuses_at_once_a_request_that_cannot_meet_its_deadline(
+    make_scheduler: MakeScheduler,
+) -> None:
+    scheduler, model, clock, tasks = await _measured_and_blocked(
+        make_scheduler, NO_BATCHING, {3: 4}
+    )
+    # Five calls, on the nine tenths of the model that priority 1's arrivals leave.
+    assert scheduler.estimate_latency_s(3) == pytest.approx(5 * CALL_S / 0.9)
+    before = clock.monotonic()
+    with pytest.raises(DeadlineUnreachableError) as caught:
+        await _submit(scheduler, clock, 99, priority=3, deadline_in_s=0.3)
+    assert clock.monotonic() == before  # refused at once, not after waiting
+    assert isinstance(caught.value, OverloadedError)  # 429 with Retry-After
+    assert caught.value.retry_after_s == pytest.approx(5 * CALL_S / 0.9 - 0.3)
+    assert scheduler.counters["rejected_unreachable"] == 1
+    # A deadline the queue can meet is admitted; so is a more urgent request that
+    # jumps the priority-3 queue.
+    tasks.append(_submit(scheduler, clock, 100, priority=3, deadline_in_s=0.8))
+    tasks.append(_submit(scheduler, clock, 101, priority=1, deadline_in_s=0.3))
+    await settle(lambda: scheduler.stats()["queue_depth"] == 6)
+    model.release()
+    await asyncio.gather(*tasks)
+    assert scheduler.counters["rejected_unreachable"] == 1
+
+
+async def test_scheduler_without_early_rejection_queues_the_doomed_request(
+    make_scheduler: MakeScheduler,
+) -> None:
+    config = SchedulerConfig(max_batch_size=1, early_rejection=False)
+    scheduler, model, clock, tasks = await _measured_and_blocked(make_scheduler, config, {3: 4})
+    doomed = _submit(scheduler, clock, 99, priority=3, deadline_in_s=0.3)
+    await settle(lambda: scheduler.stats()["queue_depth"] == 5)
+    model.release()
+    await asyncio.gather(*tasks, doomed, return_exceptions=True)
+    assert scheduler.counters["rejected_unreachable"] == 0
+
+
+async def test_scheduler_sheds_low_priority_to_protect_high_priority(
+    make_scheduler: MakeScheduler,
+) -> None:
+    # Priority 1's objective is 0.7 s: at risk past 0.35 s of estimated latency.
+    config = SchedulerConfig(max_batch_size=1, latency_slo_by_priority_s={1: 0.7})
+    scheduler, model, clock, tasks = await _measured_and_blocked(make_scheduler, config, {1: 2})
+    # Two priority-1 requests queued: a third would take 0.3 s, not past the headroom.
+    tasks.append(_submit(scheduler, clock, 50, priority=3, deadline_in_s=FAR_S))
+    await settle(lambda: scheduler.stats()["queue_depth"] == 3)
+    tasks.append(_submit(scheduler, clock, 51, priority=1, deadline_in_s=FAR_S))
+    await settle(lambda: scheduler.stats()["queue_depth"] == 4)
+    # Now priority 1 would wait 0.4 s: priority 3 is shed, priority 1 still admitted.
+    with pytest.raises(LoadShedError, match="keep priority 1 within its latency objective"):
+        await _submit(scheduler, clock, 52, priority=3, deadline_in_s=FAR_S)
+    tasks.append(_submit(scheduler, clock, 53, priority=1, deadline_in_s=FAR_S))
+    await settle(lambda: scheduler.stats()["queue_depth"] == 5)
+    assert scheduler.counters["rejected_shed"] == 1
+    model.release()
+    await asyncio.gather(*tasks)
+
+
+async def test_scheduler_low_priority_backlog_does_not_count_against_high_priority(
+    make_scheduler: MakeScheduler,
+) -> None:
+    config = SchedulerConfig(max_batch_size=1, latency_slo_by_priority_s={1: 0.6})
+    scheduler, model, clock, tasks = await _measured_and_blocked(make_scheduler, config, {5: 6})
+    assert scheduler.estimate_latency_s(1) == pytest.approx(CALL_S)
+    tasks.append(_submit(scheduler, clock, 60, priority=1, deadline_in_s=0.2))
+    await settle(lambda: scheduler.stats()["queue_depth"] == 7)
+    model.release()
+    await asyncio.gather(*tasks)
+
+
+async def test_queued_request_too_late_for_one_call_is_refused_not_run(
+    make_scheduler: MakeScheduler,
+) -> None:
+    scheduler, model, clock, tasks = await _measured_and_blocked(make_scheduler, NO_BATCHING, {})
+    late = _submit(scheduler, clock, 77, priority=3, deadline_in_s=0.5)
+    await settle(lambda: scheduler.stats()["queue_depth"] == 1)
+    clock.advance(0.45)  # 0.05 s left: less than the 0.1 s one call takes
+    model.release()
+    with pytest.raises(DeadlineUnreachableError, match="too few for the calls before it"):
+        await late
+    await asyncio.gather(*tasks)
+    assert 77 not in [i for call in model.calls for i in call.ids]
+    assert scheduler.counters["unreachable_queued"] == 1
+
+
+def test_share_left_by_busier_higher_classes() -> None:
+    service = ServiceTimes()
+    assert share_left(10.0, service, 1) == 1.0  # nothing measured: no correction
+    service.observe(4, 0.2)
+    assert share_left(0.0, service, 4) == 1.0
+    assert share_left(10.0, service, 4) == pytest.approx(0.5)  # 10 rows/s x 0.05 s/row
+    assert share_left(100.0, service, 4) == MIN_SHARE
+
+
+async def test_estimate_grows_with_the_arrivals_of_higher_priorities(
+    make_scheduler: MakeScheduler,
+) -> None:
+    scheduler, model, _, tasks = await _measured_and_blocked(make_scheduler, NO_BATCHING, {})
+    # Two priority-1 arrivals in the window (the measuring one and the held one): 1 row/s
+    # at 0.1 s a row leaves priority 3 nine tenths of the model.
+    assert scheduler.estimate_latency_s(1) == pytest.approx(CALL_S)
+    assert scheduler.estimate_latency_s(3) == pytest.approx(CALL_S / 0.9)
+    model.release()
+    await asyncio.gather(*tasks)
+
+
+def test_rule_keeps_one_call_of_slack_before_the_deadline() -> None:
+    clock = FakeClock()
+
+    def refused(slack_s: float) -> bool:
+        refusal = decide(
+            priority=3,
+            now=clock.monotonic(),
+            deadline=clock.monotonic() + 0.5,
+            estimate_s=lambda _: 0.45,
+            early_rejection=True,
+            by_priority_s={},
+            default_slo_s=None,
+            slack_s=slack_s,
+        )
+        return refusal is not None
+
+    assert not refused(0.0)
+    assert refused(0.1)  # 0.45 s of queue and call, plus a call's slack, passes 0.5 s
