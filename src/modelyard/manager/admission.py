@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from modelyard.clock import Clock
 from modelyard.errors import DeadlineExceededError, MemoryBudgetError
 from modelyard.manager.budget import MemoryBudget, SharedFile
-from modelyard.manager.eviction import EvictionPolicy, select_victims
+from modelyard.manager.eviction import DemandTracker, EvictionPolicy, protect_hot, select_victims
 from modelyard.manager.records import ModelKey, ModelRecord
 from modelyard.manager.states import RESIDENT, ModelState
 from modelyard.repository.layout import dir_size_bytes
@@ -39,6 +39,8 @@ class Admission:
         records: Callable[[], Iterable[ModelRecord]],
         evict: Callable[[ModelRecord, str], None],
         clock: Clock,
+        demand: DemandTracker | None = None,
+        hot_fraction: float = 0.1,
     ) -> None:
         self.budget = budget
         self.policy = policy
@@ -48,6 +50,16 @@ class Admission:
         self._clock = clock
         self.changed = asyncio.Condition()
         """Notified whenever memory is released or a model's state settles."""
+        self.demand = demand
+        """Recent demand per model (the hot-model rule; None: no such rule)."""
+        self.hot_fraction = hot_fraction
+
+    def hot(self) -> set[object]:
+        """The models in the top decile of recent demand (never victims while colder
+        models are evictable, or will be once their loads finish)."""
+        if self.demand is None or self.hot_fraction <= 0:
+            return set()
+        return set(self.demand.hot(self._clock.monotonic(), self.hot_fraction))
 
     def records(self) -> Iterable[ModelRecord]:
         """Every known model version (the registry's)."""
@@ -114,7 +126,8 @@ class Admission:
     ) -> None:
         """Reserve ``need`` bytes for ``record``, evicting allowed victims to make room.
 
-        With ``may_evict`` False (prefetches) it only takes free room, or refuses.
+        With ``may_evict`` False (prefetches) it evicts nothing: it takes free room, waits
+        for models already leaving (the victims its prefetcher chose), or refuses.
         """
         device = record.config.device
         dev = self.budget.device(device)
@@ -141,20 +154,28 @@ class Admission:
                 and r.state in (ModelState.DRAINING, ModelState.UNLOADING)
             ]
             leaving = self.budget.freed_by(device, leaving_keys, files)
-            if not may_evict:
+            if not may_evict and leaving < missing:
+                # A prefetch evicts nothing itself (the prefetcher chose its victims,
+                # already leaving); it waits for them, or takes no for an answer.
                 raise self.refusal(record, need + dev.uncharged_bytes(files))
-            if leaving < missing:
-                victims = self.victims(record, missing, files, leaving_keys)
+            if may_evict and leaving < missing:
+                hot = self.hot()
+                victims = self.victims(record, missing, files, leaving_keys, exclude=hot)
                 if victims is None:
                     # Models still loading become evictable once READY: wait for them
-                    # rather than refuse, unless even they could not make room.
+                    # rather than refuse, or evict a hot model. Under concurrency the
+                    # budget is often full of loads in progress; evicting the hottest
+                    # model then (as the only READY one) made it thrash (issue 16).
                     others = self.candidates(record) + self.candidates(record, loading=True)
-                    keys = leaving_keys + [r.key for r in others]
-                    if self.budget.freed_by(device, keys, files) < missing:
-                        raise self.refusal(record, need + dev.uncharged_bytes(files))
-                else:
-                    for victim in victims:
-                        self._evict(victim, f"making room for {record.key}")
+                    cold = [r.key for r in others if r.key not in hot]
+                    if self.budget.freed_by(device, leaving_keys + cold, files) < missing:
+                        victims = self.victims(record, missing, files, leaving_keys, hot=hot)
+                        if victims is None:
+                            keys = leaving_keys + [r.key for r in others]
+                            if self.budget.freed_by(device, keys, files) < missing:
+                                raise self.refusal(record, need + dev.uncharged_bytes(files))
+                for victim in victims or []:
+                    self._evict(victim, f"making room for {record.key}")
             remaining = None if deadline is None else deadline - self._clock.monotonic()
             if remaining is not None and remaining <= 0:
                 raise DeadlineExceededError(
@@ -170,24 +191,28 @@ class Admission:
         missing: int,
         files: list[SharedFile],
         leaving: list[ModelKey],
+        *,
+        exclude: set[object] | None = None,
+        hot: set[object] | None = None,
     ) -> list[ModelRecord] | None:
         """The shortest prefix of the policy's order that, with ``leaving``, frees ``missing``.
 
         Counted by the budget, not by each victim's own reservation: a weight file
         several models share is freed only when all of them go, and one ``record``
-        will map anyway is not freed at all.
+        will map anyway is not freed at all. Models in ``exclude`` are not candidates;
+        those in ``hot`` come last whatever the policy says.
         """
         device = record.config.device
-        candidates = self.candidates(record)
+        candidates = [r for r in self.candidates(record) if r.key not in (exclude or set())]
         if not files and not self.budget.device(device).shared:
             # No shared files: each victim frees exactly its own reservation.
             return select_victims(
-                self.policy, candidates, missing - self.budget.freed_by(device, leaving)
+                self.policy, candidates, missing - self.budget.freed_by(device, leaving), hot
             )
         chosen: list[ModelRecord] = []
         if self.budget.freed_by(device, leaving, files) >= missing:
             return chosen
-        for victim in self.policy.order(candidates):
+        for victim in protect_hot(self.policy.order(candidates), hot or set()):
             chosen.append(victim)
             keys = leaving + [r.key for r in chosen]
             if self.budget.freed_by(device, keys, files) >= missing:

@@ -51,6 +51,14 @@ class ModelStats:
     restarts: int = 0
     prefetches: int = 0
     """Loads started by the predictor rather than a request."""
+    prefetch_hits: int = 0
+    """Prefetched loads a request then used."""
+    prefetch_wasted: int = 0
+    """Prefetched loads evicted before any request used them."""
+    prefetch_hidden_s: float = 0.0
+    """Load seconds requests did not wait because a prefetch had started the load."""
+    page_cache_warms: int = 0
+    """Times the files were read into the page cache for a predicted load that did not fit."""
     cold_starts: int = 0
     cold_start_s_total: float = 0.0
     last_used: float = 0.0
@@ -85,6 +93,8 @@ class ModelRecord:
     """The one file to load in ``path`` when the config's ``path`` names a file."""
     backoff: LoadBackoff = field(default_factory=LoadBackoff)
     """When requests may retry a failed load."""
+    prefetched_at: float | None = None
+    """When a prefetch started loading it, until a request uses it (None: not prefetched)."""
 
     @property
     def is_ready(self) -> bool:
