@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from modelyard.clock import Clock
 from modelyard.errors import DeadlineExceededError, MemoryBudgetError
 from modelyard.manager.budget import MemoryBudget, SharedFile
-from modelyard.manager.eviction import DemandTracker, EvictionPolicy, protect_hot, select_victims
+from modelyard.manager.eviction import (
+    HOT_BUDGET_SHARE,
+    DemandTracker,
+    EvictionPolicy,
+    cap_hot,
+    protect_hot,
+    select_victims,
+)
 from modelyard.manager.records import ModelKey, ModelRecord
 from modelyard.manager.states import RESIDENT, ModelState
 from modelyard.repository.layout import dir_size_bytes
@@ -27,6 +34,9 @@ _MIB = 1024 * 1024
 # guess only has to be in the right range until the measured footprint replaces it.
 _SIZE_GUESS_FACTOR = 1.2
 _SIZE_GUESS_BASE_BYTES = 4 * _MIB
+# A load waiting for busy models looks again this often: a request's lease ends
+# without notifying anyone.
+_BUSY_POLL_S = 0.01
 
 
 class Admission:
@@ -54,12 +64,21 @@ class Admission:
         """Recent demand per model (the hot-model rule; None: no such rule)."""
         self.hot_fraction = hot_fraction
 
-    def hot(self) -> set[object]:
-        """The models in the top decile of recent demand (never victims while colder
-        models are evictable, or will be once their loads finish)."""
+    def hot(self) -> dict[Hashable, float]:
+        """The models in the top decile of recent demand, with their demand (never
+        victims while colder models are evictable, or will be once their loads finish)."""
         if self.demand is None or self.hot_fraction <= 0:
-            return set()
-        return set(self.demand.hot(self._clock.monotonic(), self.hot_fraction))
+            return {}
+        hot = self.demand.hot(self._clock.monotonic(), self.hot_fraction)
+        if not hot:
+            return hot
+        sizes: dict[Hashable, int] = {}
+        budgets: list[int] = []
+        for r in self.records():
+            if r.key in hot:
+                sizes[r.key] = r.reserved_bytes or r.measured_bytes or 0
+                budgets.append(self.budget.device(r.config.device).budget_bytes)
+        return cap_hot(hot, sizes, int(min(budgets, default=0) * HOT_BUDGET_SHARE))
 
     def records(self) -> Iterable[ModelRecord]:
         """Every known model version (the registry's)."""
@@ -158,32 +177,58 @@ class Admission:
                 # A prefetch evicts nothing itself (the prefetcher chose its victims,
                 # already leaving); it waits for them, or takes no for an answer.
                 raise self.refusal(record, need + dev.uncharged_bytes(files))
+            poll: float | None = None
             if may_evict and leaving < missing:
-                hot = self.hot()
-                victims = self.victims(record, missing, files, leaving_keys, exclude=hot)
-                if victims is None:
-                    # Models still loading become evictable once READY: wait for them
-                    # rather than refuse, or evict a hot model. Under concurrency the
-                    # budget is often full of loads in progress; evicting the hottest
-                    # model then (as the only READY one) made it thrash (issue 16).
-                    others = self.candidates(record) + self.candidates(record, loading=True)
-                    cold = [r.key for r in others if r.key not in hot]
-                    if self.budget.freed_by(device, leaving_keys + cold, files) < missing:
-                        victims = self.victims(record, missing, files, leaving_keys, hot=hot)
-                        if victims is None:
-                            keys = leaving_keys + [r.key for r in others]
-                            if self.budget.freed_by(device, keys, files) < missing:
-                                raise self.refusal(record, need + dev.uncharged_bytes(files))
-                for victim in victims or []:
+                victims, poll = self._plan(record, missing, files, leaving_keys)
+                for victim in victims:
                     self._evict(victim, f"making room for {record.key}")
             remaining = None if deadline is None else deadline - self._clock.monotonic()
             if remaining is not None and remaining <= 0:
                 raise DeadlineExceededError(
                     f"model {record.key} waited for memory past the request's deadline"
                 )
+            if poll is not None:
+                remaining = poll if remaining is None else min(poll, remaining)
             async with self.changed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.changed.wait(), remaining)
+
+    def _plan(
+        self,
+        record: ModelRecord,
+        missing: int,
+        files: list[SharedFile],
+        leaving: list[ModelKey],
+    ) -> tuple[list[ModelRecord], float | None]:
+        """Whom to evict now for ``missing`` bytes, or to wait (and how often to look again).
+
+        In this order (issue 16: under concurrency the budget is often full of loads in
+        progress and of models serving requests; evicting whatever was READY made the
+        hottest model thrash, and evicting a model its waiting request had just loaded
+        sent that request round again):
+
+        1. idle models outside the hot decile, in the policy's order;
+        2. else, if colder models that are busy, still loading, or leaving could make
+           room, wait for them (a lease ends without a notification: look again soon);
+        3. else hot models too, the least demanded first;
+        4. else, if models still loading could make room, wait; otherwise refuse.
+        """
+        device = record.config.device
+        hot = self.hot()
+        victims = self.victims(record, missing, files, leaving, exclude=hot, idle_only=True)
+        if victims is not None:
+            return victims, None
+        others = self.candidates(record) + self.candidates(record, loading=True)
+        cold = [r.key for r in others if r.key not in hot]
+        if self.budget.freed_by(device, leaving + cold, files) >= missing:
+            return [], _BUSY_POLL_S
+        victims = self.victims(record, missing, files, leaving, hot=hot)
+        if victims is not None:
+            return victims, None
+        keys = leaving + [r.key for r in others]
+        if self.budget.freed_by(device, keys, files) < missing:
+            raise self.refusal(record, missing)
+        return [], _BUSY_POLL_S
 
     def victims(
         self,
@@ -192,18 +237,24 @@ class Admission:
         files: list[SharedFile],
         leaving: list[ModelKey],
         *,
-        exclude: set[object] | None = None,
-        hot: set[object] | None = None,
+        exclude: Mapping[Hashable, float] | None = None,
+        hot: Mapping[Hashable, float] | None = None,
+        idle_only: bool = False,
     ) -> list[ModelRecord] | None:
         """The shortest prefix of the policy's order that, with ``leaving``, frees ``missing``.
 
         Counted by the budget, not by each victim's own reservation: a weight file
         several models share is freed only when all of them go, and one ``record``
-        will map anyway is not freed at all. Models in ``exclude`` are not candidates;
-        those in ``hot`` come last whatever the policy says.
+        will map anyway is not freed at all. Models in ``exclude`` are not candidates,
+        nor busy ones with ``idle_only``; those in ``hot`` come last whatever the policy
+        says, the least demanded of them first.
         """
         device = record.config.device
-        candidates = [r for r in self.candidates(record) if r.key not in (exclude or set())]
+        candidates = [
+            r
+            for r in self.candidates(record)
+            if r.key not in (exclude or {}) and not (idle_only and r.pending > 0)
+        ]
         if not files and not self.budget.device(device).shared:
             # No shared files: each victim frees exactly its own reservation.
             return select_victims(
@@ -212,7 +263,7 @@ class Admission:
         chosen: list[ModelRecord] = []
         if self.budget.freed_by(device, leaving, files) >= missing:
             return chosen
-        for victim in protect_hot(self.policy.order(candidates), hot or set()):
+        for victim in protect_hot(self.policy.order(candidates), hot or {}):
             chosen.append(victim)
             keys = leaving + [r.key for r in chosen]
             if self.budget.freed_by(device, keys, files) >= missing:

@@ -22,7 +22,7 @@ admission's hot-model rule read (see docs/caching.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from modelyard.manager.records import ModelKey, ModelRecord
@@ -32,6 +32,11 @@ POLICY_NAMES = ("lru", "lfu", "cost", "gdsf-decay")
 
 DEFAULT_HALF_LIFE_S = 60.0
 """How fast demand is forgotten: a request counts half as much after this long."""
+
+HOT_FRACTION = 0.1
+"""The hot models are the top decile of recent demand ..."""
+HOT_BUDGET_SHARE = 0.5
+"""... the hottest first, up to half of the device's budget."""
 
 
 class EvictionPolicy(Protocol):
@@ -80,8 +85,9 @@ class DemandTracker:
         """Drop ``key`` (removed from the repository)."""
         self._demand.pop(key, None)
 
-    def hot(self, now: float, fraction: float = 0.1) -> set[Hashable]:
-        """The top ``fraction`` of models by recent demand (at least one, if any is known).
+    def hot(self, now: float, fraction: float = 0.1) -> dict[Hashable, float]:
+        """The top ``fraction`` of models by recent demand (at least one, if any is known),
+        with their demand.
 
         Ranked among every model that has had a request; a model whose demand decayed
         below a thousandth of a request no longer counts as known.
@@ -89,10 +95,10 @@ class DemandTracker:
         ranked = [(self.demand(k, now), k) for k in self._demand]
         live = [(d, k) for d, k in ranked if d >= 1e-3]
         if not live:
-            return set()
+            return {}
         n = max(1, math.ceil(len(live) * fraction))
         live.sort(key=lambda dk: dk[0], reverse=True)
-        return {k for _, k in live[:n]}
+        return {k: d for d, k in live[:n]}
 
 
 def _front(record: ModelRecord) -> tuple[bool, int]:
@@ -247,21 +253,39 @@ def make_policy(name: str, *, half_life_s: float = DEFAULT_HALF_LIFE_S) -> Evict
     raise ValueError(f"unknown eviction policy {name!r}")
 
 
-def protect_hot(ordered: Iterable[ModelRecord], hot: set[Hashable]) -> list[ModelRecord]:
-    """``ordered`` with the hot models moved to the end (the order kept within each part).
+def cap_hot(
+    hot: Mapping[Hashable, float], sizes: Mapping[Hashable, int], limit_bytes: int
+) -> dict[Hashable, float]:
+    """The hottest of ``hot`` whose sizes add up to at most ``limit_bytes`` (the hottest
+    one always): a hot set of big models must not leave too little room for the rest,
+    or every other load waits on them and the cold ones thrash in what is left."""
+    out: dict[Hashable, float] = {}
+    total = 0
+    for key, demand in sorted(hot.items(), key=lambda kv: kv[1], reverse=True):
+        total += sizes.get(key, 0)
+        if out and total > limit_bytes:
+            break
+        out[key] = demand
+    return out
 
-    Whatever the policy, a model in the top decile of recent demand is the victim only
-    once every colder candidate has gone.
+
+def protect_hot(ordered: Iterable[ModelRecord], hot: Mapping[Hashable, float]) -> list[ModelRecord]:
+    """``ordered`` with the hot models moved to the end, the least demanded of them first.
+
+    Whatever the policy, a model in the top decile of recent demand (``hot``: model to
+    its demand) is the victim only once every colder candidate has gone.
     """
     ordered = list(ordered)
-    return [r for r in ordered if r.key not in hot] + [r for r in ordered if r.key in hot]
+    cold = [r for r in ordered if r.key not in hot]
+    warm = sorted((r for r in ordered if r.key in hot), key=lambda r: hot[r.key])
+    return cold + warm
 
 
 def select_victims(
     policy: EvictionPolicy,
     candidates: Sequence[ModelRecord],
     need_bytes: int,
-    hot: set[Hashable] | None = None,
+    hot: Mapping[Hashable, float] | None = None,
 ) -> list[ModelRecord] | None:
     """The shortest prefix of the policy's order that frees ``need_bytes``; None if none does.
 
@@ -271,7 +295,7 @@ def select_victims(
         return []
     chosen: list[ModelRecord] = []
     freed = 0
-    for record in protect_hot(policy.order(candidates), hot or set()):
+    for record in protect_hot(policy.order(candidates), hot or {}):
         chosen.append(record)
         freed += record.reserved_bytes
         if freed >= need_bytes:

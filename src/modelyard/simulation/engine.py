@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,9 +29,11 @@ from modelyard.config.settings import PrefetchConfig
 from modelyard.errors import ModelNotFoundError
 from modelyard.manager.eviction import (
     DEFAULT_HALF_LIFE_S,
+    HOT_BUDGET_SHARE,
     BeladyPolicy,
     DemandTracker,
     EvictionPolicy,
+    cap_hot,
     make_policy,
     protect_hot,
     select_victims,
@@ -161,20 +164,37 @@ class _Cache:
             out.append(r)
         return out
 
-    def hot(self) -> set[object]:
+    def hot(self) -> dict[Hashable, float]:
         if self.hot_fraction <= 0:
-            return set()
-        return set(self.demand.hot(self.now, self.hot_fraction))
+            return {}
+        hot = self.demand.hot(self.now, self.hot_fraction)
+        sizes: dict[Hashable, int] = {
+            r.key: self.specs[n].size_bytes for n, r in self.records.items() if r.key in hot
+        }
+        return cap_hot(hot, sizes, int(self.budget * HOT_BUDGET_SHARE))
 
     def plan(self, name: str, missing: int) -> tuple[list[ModelRecord], float] | None:
-        """Victims freeing ``missing`` bytes and when the load can start (None: refused)."""
+        """Victims freeing ``missing`` bytes and when the load can start (None: refused).
+
+        As admission does: idle, settled models outside the hot decile now; else colder
+        models that are busy or still loading, once they are idle; else hot ones too,
+        the least demanded first.
+        """
         hot = self.hot()
-        victims = select_victims(self.policy, self.candidates(name, loading=False), missing, hot)
+        settled = self.candidates(name, loading=False)
+        idle_cold = [r for r in settled if r.pending == 0 and r.key not in hot]
+        victims = select_victims(self.policy, idle_cold, missing)
+        if victims is not None:
+            return victims, self.now
+        every = self.candidates(name, loading=True)
+        cold = [r for r in every if r.key not in hot]
+        victims = select_victims(self.policy, cold, missing)
         if victims is None:
-            # Admission waits for loads in progress to become evictable.
-            victims = select_victims(self.policy, self.candidates(name, loading=True), missing, hot)
+            victims = select_victims(self.policy, every, missing, hot)
         if victims is None:
             return None
+        # A busy victim drains its queue while the load starts (the simulator does not
+        # model a drain's delay); one still loading is evicted once it is ready.
         start = max([self.now, *(self.ready_at[v.key.name] for v in victims)])
         return victims, start
 
