@@ -12,12 +12,15 @@ is the cold-start time it adds. After each request the real
 :class:`~modelyard.manager.prefetch.Prefetcher` may load a predicted model, into free
 budget or displacing idle colder ones.
 
-What it leaves out, on purpose: queueing behind other requests of the same model
-(``service_s`` only marks a model busy), and load contention (loads run in parallel).
+Loads run at most ``load_slots`` at a time (a load is CPU work; the host has that many
+cores), the others queue. What it leaves out, on purpose: queueing behind other
+requests of the same model (``service_s`` only marks a model busy), the delay of a
+drain, and request deadlines (a wait is never cut short).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter, deque
 from collections.abc import Hashable
@@ -120,6 +123,7 @@ class _Cache:
         half_life_s: float,
         service_s: float,
         pinned: frozenset[str],
+        load_slots: int,
     ) -> None:
         self.specs = trace.models
         self.policy = policy
@@ -145,6 +149,8 @@ class _Cache:
         """Models loaded by a prefetch and not asked for since: when their load ends."""
         self.used = 0
         self.now = 0.0
+        self.slots = [0.0] * load_slots
+        """When each of the loads that can run at once is next free (empty: unbounded)."""
 
     def resident(self, name: str) -> bool:
         return self.records[name].state is ModelState.READY
@@ -215,6 +221,10 @@ class _Cache:
         r.state = ModelState.READY
         r.reserved_bytes = spec.size_bytes
         self.used += spec.size_bytes
+        if self.slots:
+            # A load is CPU work: it starts once one of the host's cores is free.
+            start = max(start, heapq.heappop(self.slots))
+            heapq.heappush(self.slots, start + spec.load_s)
         self.ready_at[name] = start + spec.load_s
         self.result.loads += 1
         self.result.loads_by_model[name] += 1
@@ -270,11 +280,13 @@ def simulate(
     half_life_s: float = DEFAULT_HALF_LIFE_S,
     service_s: float = 0.01,
     pinned: frozenset[str] = frozenset(),
+    load_slots: int = 2,
 ) -> SimResult:
     """Replay ``trace`` with ``policy`` (a name, ``belady``, or a policy object).
 
     ``hot_fraction`` is admission's hot-model rule (0 turns it off); ``prefetch`` turns
-    the predictor on with that configuration.
+    the predictor on with that configuration. ``load_slots`` loads run at once (the
+    host's cores; 0: unbounded), the others queue for a slot.
     """
     requests = trace.requests
     nexts: dict[str, deque[float]] = {}
@@ -303,6 +315,7 @@ def simulate(
         half_life_s=half_life_s,
         service_s=service_s,
         pinned=pinned,
+        load_slots=load_slots,
     )
     prefetcher = _prefetcher(cache, prefetch) if prefetch is not None else None
     waits: list[float] = []
