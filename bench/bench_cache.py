@@ -73,7 +73,8 @@ def _policy_table(seeds: int, n_models: int, n_requests: int) -> list[dict[str, 
 
 def _prefetch_table(seeds: int, n_models: int, n_requests: int) -> list[dict[str, object]]:
     rows = []
-    print("\n| trace | prefetch | cold starts | cold-start s | prefetches | hits | wasted | hidden s |")
+    print("\n| trace | prefetch | cold starts | cold-start s | prefetches | hits | wasted", end="")
+    print(" | hidden s |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for seed in range(seeds):
         for trace in standard_traces(seed, n_models, n_requests):
@@ -99,7 +100,9 @@ def _scale(n_models: int, n_requests: int) -> list[dict[str, object]]:
     traces = [zipf(models, n_requests, 1.1, seed=42), azure_like(models, 900.0, seed=42)]
     rows = []
     print(f"\n{n_models} models, budget a tenth of the total:")
-    print("| trace | policy | requests | models asked | cold starts | cold-start s | sim time (s) |")
+    print(
+        "| trace | policy | requests | models asked | cold starts | cold-start s | sim time (s) |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for trace in traces:
         budget = trace.total_bytes // 10

@@ -160,7 +160,7 @@ async def run(
         model_repository=str(root),
         devices=[DeviceConfig(name="cpu", memory_budget_mb=budget / MIB)],
         models=configs,
-        eviction_policy=policy,  # type: ignore[arg-type]
+        eviction_policy=policy,
         protect_hot=protect_hot,
         prefetch=PrefetchConfig(enabled=prefetch),
     )

@@ -71,7 +71,8 @@ def test_the_prefetcher_names_the_likely_next_model_when_it_fits() -> None:
     _alternate(prefetcher, 3)
     chosen = prefetcher.after("a")
     assert chosen is not None
-    assert chosen.load and chosen.victims == []
+    assert chosen.load
+    assert chosen.victims == []
     target, guess = chosen.target, chosen.guess
     assert target is b
     assert guess.model == "b"
@@ -132,7 +133,8 @@ def test_a_likely_costly_prediction_displaces_a_cold_cheap_model() -> None:
         prefetcher.after("b", now + 0.5)
         now += 1.0
     decision = prefetcher.after("a", now)
-    assert decision is not None and decision.load
+    assert decision is not None
+    assert decision.load
     assert decision.victims == [victim]
     # p(b after a) = 1, so the gain is its whole reload less the victim's expected one.
     assert decision.gain == pytest.approx(2.0, abs=0.1)
@@ -163,7 +165,8 @@ def test_without_displacement_a_prediction_that_does_not_fit_is_not_loaded() -> 
         prefetcher.after("a", float(i))
         prefetcher.after("b", i + 0.5)
     decision = prefetcher.after("a", 3.0)
-    assert decision is not None and not decision.load
+    assert decision is not None
+    assert not decision.load
 
 
 def test_arrival_histogram_keep_alive_probability() -> None:

@@ -24,7 +24,7 @@ from modelyard.manager.eviction import (
     select_victims,
 )
 from modelyard.manager.records import ModelKey, ModelRecord
-from modelyard.simulation.engine import simulate
+from modelyard.simulation.engine import SimResult, simulate
 from modelyard.simulation.traces import MIB, ModelSpec, Request, Trace
 
 SIZE = 10 * MIB
@@ -37,12 +37,11 @@ def _trace(names: str, *, sizes: dict[str, int] | None = None, load_s: float = 0
     return Trace("hand", [Request(float(i), n) for i, n in enumerate(names)], models)
 
 
-def _run(trace: Trace, policy: str, slots: int, **kw: object) -> list[str]:
-    """The loads, in order (one per miss), with room for ``slots`` models."""
-    result = simulate(
-        trace, policy, slots * SIZE, hot_fraction=0.0, service_s=0.0, load_slots=0, **kw
-    )  # type: ignore[arg-type]
-    return [m for m, n in result.loads_by_model.items() for _ in range(n)]
+def _sim(trace: Trace, policy: str, budget: int, pinned: frozenset[str] = frozenset()) -> SimResult:
+    """Replay with no hot rule, no service time and unbounded parallel loads."""
+    return simulate(
+        trace, policy, budget, hot_fraction=0.0, service_s=0.0, load_slots=0, pinned=pinned
+    )
 
 
 # The textbook reference string (Belady 1966; 3 frames: OPT 7 faults, LRU 10).
@@ -50,33 +49,28 @@ REFERENCE = "abcdabeabcde"
 
 
 def test_belady_makes_the_optimal_seven_misses_on_the_reference_string() -> None:
-    result = simulate(
-        _trace(REFERENCE), "belady", 3 * SIZE, hot_fraction=0.0, service_s=0.0, load_slots=0
-    )
+    result = _sim(_trace(REFERENCE), "belady", 3 * SIZE)
     assert result.cold_starts == 7
     assert result.loads == 7
 
 
 def test_lru_makes_ten_misses_on_the_reference_string() -> None:
-    result = simulate(
-        _trace(REFERENCE), "lru", 3 * SIZE, hot_fraction=0.0, service_s=0.0, load_slots=0
-    )
+    result = _sim(_trace(REFERENCE), "lru", 3 * SIZE)
     assert result.cold_starts == 10
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "cost", "gdsf-decay"])
 def test_no_online_policy_beats_belady(policy: str) -> None:
     trace = _trace("abcabdabeacbdeabfabcadbe" * 3)
-    kw = {"hot_fraction": 0.0, "service_s": 0.0, "load_slots": 0}
-    online = simulate(trace, policy, 3 * SIZE, **kw)  # type: ignore[arg-type]
-    best = simulate(trace, "belady", 3 * SIZE, **kw)  # type: ignore[arg-type]
+    online = _sim(trace, policy, 3 * SIZE)
+    best = _sim(trace, "belady", 3 * SIZE)
     assert best.cold_starts <= online.cold_starts
 
 
 def test_lru_evicts_the_least_recently_used() -> None:
     # a b c a d: at d, b is the least recently used (a was used again).
     trace = _trace("abcad" + "b")
-    result = simulate(trace, "lru", 3 * SIZE, hot_fraction=0.0, service_s=0.0, load_slots=0)
+    result = _sim(trace, "lru", 3 * SIZE)
     assert result.loads_by_model["b"] == 2, "b was evicted for d and loaded again"
     assert result.loads_by_model["a"] == 1
 
@@ -84,8 +78,8 @@ def test_lru_evicts_the_least_recently_used() -> None:
 def test_lfu_keeps_the_frequent_model_even_when_it_is_old() -> None:
     # a is asked three times, then b, c, d: LRU would evict a for d; LFU evicts b.
     trace = _trace("aaabcd" + "a")
-    lfu = simulate(trace, "lfu", 3 * SIZE, hot_fraction=0.0, service_s=0.0, load_slots=0)
-    lru = simulate(trace, "lru", 3 * SIZE, hot_fraction=0.0, service_s=0.0, load_slots=0)
+    lfu = _sim(trace, "lfu", 3 * SIZE)
+    lru = _sim(trace, "lru", 3 * SIZE)
     assert lfu.loads_by_model["a"] == 1
     assert lru.loads_by_model["a"] == 2
 
@@ -99,9 +93,8 @@ def test_gdsf_keeps_the_model_that_is_expensive_to_reload() -> None:
     }
     reqs = [Request(0, "slow"), Request(10, "fast"), Request(20, "new"), Request(30, "slow")]
     trace = Trace("cost", reqs, models)
-    kw = {"hot_fraction": 0.0, "service_s": 0.0, "load_slots": 0}
-    gdsf = simulate(trace, "cost", 2 * SIZE, **kw)  # type: ignore[arg-type]
-    lru = simulate(trace, "lru", 2 * SIZE, **kw)  # type: ignore[arg-type]
+    gdsf = _sim(trace, "cost", 2 * SIZE)
+    lru = _sim(trace, "lru", 2 * SIZE)
     assert gdsf.loads_by_model["slow"] == 1
     assert lru.loads_by_model["slow"] == 2
     assert gdsf.cold_start_s < lru.cold_start_s
@@ -112,9 +105,8 @@ def test_gdsf_prefers_evicting_the_big_model() -> None:
     # the room; y needs one more slot. LRU evicts x, the oldest; GDSF evicts b, the
     # lowest value per byte, so x is still there when asked again.
     trace = _trace("xbyx", sizes={"b": 2 * SIZE})
-    kw = {"hot_fraction": 0.0, "service_s": 0.0, "load_slots": 0}
-    gdsf = simulate(trace, "cost", 3 * SIZE, **kw)  # type: ignore[arg-type]
-    lru = simulate(trace, "lru", 3 * SIZE, **kw)  # type: ignore[arg-type]
+    gdsf = _sim(trace, "cost", 3 * SIZE)
+    lru = _sim(trace, "lru", 3 * SIZE)
     assert gdsf.loads_by_model["x"] == 1
     assert lru.loads_by_model["x"] == 2
 
@@ -127,9 +119,8 @@ def test_decayed_gdsf_forgets_yesterdays_favourite() -> None:
     reqs += [Request(3600.0, "now"), Request(3601.0, "now"), Request(3602.0, "other")]
     reqs += [Request(3603.0, "now"), Request(3604.0, "old")]
     trace = Trace("decay", reqs, models)
-    kw = {"hot_fraction": 0.0, "service_s": 0.0, "load_slots": 0}
-    decayed = simulate(trace, "gdsf-decay", 2 * SIZE, **kw)  # type: ignore[arg-type]
-    plain = simulate(trace, "cost", 2 * SIZE, **kw)  # type: ignore[arg-type]
+    decayed = _sim(trace, "gdsf-decay", 2 * SIZE)
+    plain = _sim(trace, "cost", 2 * SIZE)
     assert decayed.loads_by_model["now"] == 1, "decayed GDSF evicted old for other"
     assert plain.loads_by_model["now"] == 2, "plain GDSF evicted now: old has 50 requests"
 
@@ -161,15 +152,7 @@ def test_idle_before_busy_and_less_important_first(name: str) -> None:
 
 def test_pinned_models_are_never_evicted_in_the_simulator() -> None:
     trace = _trace("pabcdpabcd")
-    result = simulate(
-        trace,
-        "lru",
-        2 * SIZE,
-        hot_fraction=0.0,
-        service_s=0.0,
-        load_slots=0,
-        pinned=frozenset({"p"}),
-    )
+    result = _sim(trace, "lru", 2 * SIZE, pinned=frozenset({"p"}))
     assert result.loads_by_model["p"] == 1
 
 
@@ -182,7 +165,8 @@ def test_a_hot_model_is_the_victim_only_after_every_colder_one() -> None:
     assert hot not in victims
     assert [v.key.name for v in victims] == ["c0", "c1"]
     everything = select_victims(policy, [hot, *cold], 4 * SIZE, {hot.key: 50.0})
-    assert everything is not None and everything[-1] is hot
+    assert everything is not None
+    assert everything[-1] is hot
 
 
 def test_demand_decays_by_half_each_half_life() -> None:
