@@ -115,7 +115,7 @@ class ServerSettings(BaseSettings):
     """Poll mode: a version folder without a manifest is taken once unchanged this long."""
     memory_sample_interval_s: float = Field(default=5.0, gt=0)
     """How often each worker's live memory (RSS/USS/PSS) is read for stats and metrics."""
-    eviction_policy: Literal["lru", "lfu", "cost", "gdsf-decay"] = "lru"
+    eviction_policy: Literal["lru", "lfu", "cost", "gdsf-decay"] = "gdsf-decay"
     """Who leaves when room is needed: ``lru``, ``lfu``, ``cost`` (Greedy-Dual-Size-
     Frequency) or ``gdsf-decay`` (GDSF over recent demand); see docs/caching.md."""
     demand_half_life_s: float = Field(default=60.0, gt=0)
