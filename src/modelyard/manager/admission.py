@@ -179,7 +179,8 @@ class Admission:
                 raise self.refusal(record, need + dev.uncharged_bytes(files))
             poll: float | None = None
             if may_evict and leaving < missing:
-                victims, poll = self._plan(record, missing, files, leaving_keys)
+                whole_need = need + dev.uncharged_bytes(files)
+                victims, poll = self._plan(record, missing, files, leaving_keys, whole_need)
                 for victim in victims:
                     self._evict(victim, f"making room for {record.key}")
             remaining = None if deadline is None else deadline - self._clock.monotonic()
@@ -199,6 +200,7 @@ class Admission:
         missing: int,
         files: list[SharedFile],
         leaving: list[ModelKey],
+        whole_need: int,
     ) -> tuple[list[ModelRecord], float | None]:
         """Whom to evict now for ``missing`` bytes, or to wait (and how often to look again).
 
@@ -227,7 +229,7 @@ class Admission:
             return victims, None
         keys = leaving + [r.key for r in others]
         if self.budget.freed_by(device, keys, files) < missing:
-            raise self.refusal(record, missing)
+            raise self.refusal(record, whole_need)
         return [], _BUSY_POLL_S
 
     def victims(

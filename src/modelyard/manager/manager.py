@@ -111,12 +111,17 @@ class ModelManager:
         self._page_cache_warmed: dict[object, float] = {}
         self.request_log: RequestLog | None = None
         if settings.request_log.path:
-            self.request_log = RequestLog(
-                Path(settings.request_log.path),
-                int(settings.request_log.max_mb * _MIB),
-                self.clock,
-            )
-            self.events.listeners.append(self._log_load)
+            try:
+                self.request_log = RequestLog(
+                    Path(settings.request_log.path),
+                    int(settings.request_log.max_mb * _MIB),
+                    self.clock,
+                )
+            except OSError as exc:
+                # An observability aid: a server that cannot write it still serves.
+                log.error("request_log.path: cannot open %s: %s", settings.request_log.path, exc)
+            else:
+                self.events.listeners.append(self._log_load)
         for cfg in settings.models:
             entry = self.add_model(cfg)
             if not entry.versions:
@@ -310,6 +315,7 @@ class ModelManager:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         await self._unload(record, reason=reason)
+        self.demand.forget(record.key)
         self.events.add("removed", record.key, reason)
 
     async def load(

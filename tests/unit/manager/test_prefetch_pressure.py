@@ -4,6 +4,7 @@ only its files are warmed; hits, waste and hidden seconds are counted."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 from modelyard.config.model_config import ModelConfig
@@ -32,9 +33,9 @@ def _manager(tmp_path: Path, *, displace: bool) -> tuple[ModelManager, FakeClock
     return manager, clock
 
 
-async def _until(check: object, what: str) -> None:
+async def _until(check: Callable[[], bool]) -> None:
     async def poll() -> None:
-        while not check():  # type: ignore[operator]
+        while not check():
             await asyncio.sleep(0.001)
 
     await asyncio.wait_for(poll(), 5.0)
@@ -62,7 +63,7 @@ async def test_a_likely_model_displaces_a_cold_one_and_its_use_counts_as_a_hit(
     manager, clock = _manager(tmp_path, displace=True)
     a, b, c = await _setup(manager, clock)
     manager.touch(a)  # b is predicted; it only fits if c leaves
-    await _until(lambda: b.is_ready, "b prefetched")
+    await _until(lambda: b.is_ready)
     assert c.state is ModelState.UNLOADED, "the cold model was displaced"
     assert a.is_ready, "the model in use stays"
     assert b.stats.prefetches == 1
@@ -81,7 +82,7 @@ async def test_a_prefetched_model_evicted_unused_counts_as_wasted(tmp_path: Path
     manager, clock = _manager(tmp_path, displace=True)
     a, b, _ = await _setup(manager, clock)
     manager.touch(a)
-    await _until(lambda: b.is_ready, "b prefetched")
+    await _until(lambda: b.is_ready)
     await manager.evict(b, reason="test")
     assert b.stats.prefetch_wasted == 1
     assert b.stats.prefetch_hits == 0
@@ -93,7 +94,7 @@ async def test_without_displacement_only_the_files_are_warmed(tmp_path: Path) ->
     a, b, c = await _setup(manager, clock)
     warms_before = b.stats.page_cache_warms
     manager.touch(a)
-    await _until(lambda: b.stats.page_cache_warms > warms_before, "page cache warmed")
+    await _until(lambda: b.stats.page_cache_warms > warms_before)
     assert c.is_ready, "nothing was evicted for the prediction"
     assert b.state is ModelState.UNLOADED
     assert b.stats.prefetches == 0
