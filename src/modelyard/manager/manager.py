@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from modelyard.clock import Clock, MonotonicClock
@@ -21,26 +20,24 @@ from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import ServerSettings
 from modelyard.errors import ModelStateConflictError, NotSupportedError, ServerError
 from modelyard.manager.admission import Admission
+from modelyard.manager.anticipation import Anticipation
 from modelyard.manager.budget import MemoryBudget, SharedFile
-from modelyard.manager.events import Event, EventLog
-from modelyard.manager.eviction import DemandTracker, EvictionPolicy, make_policy, select_victims
+from modelyard.manager.events import EventLog
+from modelyard.manager.eviction import DemandTracker, EvictionPolicy, make_policy
 from modelyard.manager.loader import InstanceFactory, Loader
-from modelyard.manager.prefetch import MarkovPredictor, PrefetchDecision, Prefetcher
+from modelyard.manager.prefetch import MarkovPredictor, Prefetcher
 from modelyard.manager.records import ModelEntry, ModelRecord
 from modelyard.manager.registry import ModelRegistry
 from modelyard.manager.request_log import RequestLog
 from modelyard.manager.states import RESIDENT, ModelState
 from modelyard.manager.tasks import TaskOwner
 from modelyard.protocol.names import check_model_name
-from modelyard.repository import page_cache
 
 __all__ = ["InstanceFactory", "ModelManager", "default_budget_bytes"]
 
 log = logging.getLogger("modelyard.manager")
 
 _MIB = 1024 * 1024
-# A predicted model's files are read into the page cache at most once in this long.
-_PAGE_CACHE_EVERY_S = 30.0
 
 
 def default_budget_bytes() -> int:
@@ -101,27 +98,16 @@ class ModelManager:
             on_ready=on_ready,
             on_unloaded=on_unloaded,
         )
-        self.prefetcher = Prefetcher(
-            settings.prefetch,
-            lambda name: self.registry.resolve(name, None),
-            lambda r: self.budget.device(r.config.device).free_bytes,
-            self.admission.estimate_bytes,
-            victims=self._prefetch_victims,
+        self.anticipation = Anticipation(
+            settings,
+            registry=self.registry,
+            admission=self.admission,
+            tasks=self.tasks,
+            events=self.events,
+            clock=self.clock,
+            load=lambda r: self._loader.load(r, prefetch=True),
+            evict=self._spawn_evict,
         )
-        self._page_cache_warmed: dict[object, float] = {}
-        self.request_log: RequestLog | None = None
-        if settings.request_log.path:
-            try:
-                self.request_log = RequestLog(
-                    Path(settings.request_log.path),
-                    int(settings.request_log.max_mb * _MIB),
-                    self.clock,
-                )
-            except OSError as exc:
-                # An observability aid: a server that cannot write it still serves.
-                log.error("request_log.path: cannot open %s: %s", settings.request_log.path, exc)
-            else:
-                self.events.listeners.append(self._log_load)
         for cfg in settings.models:
             entry = self.add_model(cfg)
             if not entry.versions:
@@ -144,6 +130,16 @@ class ModelManager:
     def policy(self) -> EvictionPolicy:
         """The eviction policy (admission's)."""
         return self.admission.policy
+
+    @property
+    def prefetcher(self) -> Prefetcher:
+        """The prefetch decisions (the anticipation's)."""
+        return self.anticipation.prefetcher
+
+    @property
+    def request_log(self) -> RequestLog | None:
+        """The opt-in request log (None: off)."""
+        return self.anticipation.request_log
 
     @property
     def predictor(self) -> MarkovPredictor:
@@ -238,8 +234,7 @@ class ModelManager:
     async def close(self) -> None:
         """Unload everything and stop background tasks."""
         await self.tasks.close()
-        if self.request_log is not None:
-            self.request_log.close()
+        self.anticipation.close()
         await asyncio.gather(
             *(self._unload(r, reason="server shutting down") for r in self.records()),
             return_exceptions=True,
@@ -361,74 +356,4 @@ class ModelManager:
         record.stats.requests += 1
         self.demand.observe(record.key, now)
         self.policy.on_request(record, now)
-        if self.request_log is not None:
-            self.request_log.request(record)
-        if record.prefetched_at is not None:
-            # The first request after a prefetch: the load it did not wait for is hidden.
-            record.stats.prefetch_hits += 1
-            elapsed = now - record.prefetched_at
-            hidden = record.timings.total_s if record.is_ready else elapsed
-            record.stats.prefetch_hidden_s += max(0.0, min(hidden, elapsed))
-            record.prefetched_at = None
-        decision = self.prefetcher.after(record.key.name, now)
-        if decision is not None:
-            self._prefetch(record, decision)
-
-    def _prefetch(self, after: ModelRecord, decision: PrefetchDecision) -> None:
-        target, guess = decision.target, decision.guess
-        if not decision.load:
-            self._warm_page_cache(target)
-            return
-        for victim in decision.victims:
-            self._spawn_evict(victim, f"displaced by a prediction of {target.key}")
-        target.stats.prefetches += 1
-        target.prefetched_at = self.clock.monotonic()
-        displaced = f"; displacing {len(decision.victims)}" if decision.victims else ""
-        self.events.add(
-            "prefetch",
-            target.key,
-            f"after {after.key.name} (p={guess.probability:.2f} over {guess.observations})"
-            f"{displaced}",
-        )
-        target.load_task = self.tasks.spawn(self._prefetch_load(target))
-
-    async def _prefetch_load(self, target: ModelRecord) -> None:
-        await self._loader.load(target, prefetch=True)
-        if not target.is_ready and target.prefetched_at is not None:
-            # Refused or failed: nothing was loaded ahead; warm the files instead.
-            target.prefetched_at = None
-            self._warm_page_cache(target)
-
-    def _warm_page_cache(self, target: ModelRecord) -> None:
-        """Read a likely model's files into the page cache (no budget), at most every 30 s."""
-        if not self._settings.prefetch.page_cache:
-            return
-        now = self.clock.monotonic()
-        last = self._page_cache_warmed.get(target.key)
-        if last is not None and now - last < _PAGE_CACHE_EVERY_S:
-            return
-        self._page_cache_warmed[target.key] = now
-        target.stats.page_cache_warms += 1
-        self.tasks.spawn(self._warm(target.path))
-
-    @staticmethod
-    async def _warm(path: Path) -> None:
-        await asyncio.to_thread(page_cache.warm, path)
-
-    def _prefetch_victims(self, target: ModelRecord, missing: int) -> list[ModelRecord] | None:
-        """What a prediction may displace: idle, unpinned, outside the hot decile."""
-        hot = self.admission.hot()
-        idle = [
-            r
-            for r in self.admission.candidates(target)
-            if r.pending == 0 and r.key not in hot and r.key != target.key
-        ]
-        return select_victims(self.policy, idle, missing)
-
-    def _log_load(self, event: Event) -> None:
-        if event.kind != "loaded" or self.request_log is None:
-            return
-        entry = self.entries.get(event.model)
-        record = entry.versions.get(event.version) if entry is not None else None
-        if record is not None:
-            self.request_log.loaded(record)
+        self.anticipation.after_request(record, now)
