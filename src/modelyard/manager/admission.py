@@ -37,6 +37,9 @@ _SIZE_GUESS_BASE_BYTES = 4 * _MIB
 # A load waiting for busy models looks again this often: a request's lease ends
 # without notifying anyone.
 _BUSY_POLL_S = 0.01
+# ... and after this long evicts a busy colder model rather than wait on it: a model
+# with steady traffic may never be idle, and the load would run into its timeout.
+_MAX_WAIT_S = 2.0
 
 
 class Admission:
@@ -158,6 +161,7 @@ class Admission:
                 f"model {record.key} needs {whole / _MIB:.1f} MiB, more than the whole "
                 f"{dev.budget_bytes / _MIB:.1f} MiB budget of {device}"
             )
+        began = self._clock.monotonic()
         while True:
             if self.budget.try_reserve(device, record.key, need, files):
                 record.reserved_bytes = self.budget.reserved(device, record.key)
@@ -180,7 +184,10 @@ class Admission:
             poll: float | None = None
             if may_evict and leaving < missing:
                 whole_need = need + dev.uncharged_bytes(files)
-                victims, poll = self._plan(record, missing, files, leaving_keys, whole_need)
+                waited = self._clock.monotonic() - began
+                victims, poll = self._plan(
+                    record, missing, files, leaving_keys, whole_need, patient=waited < _MAX_WAIT_S
+                )
                 for victim in victims:
                     self._evict(victim, f"making room for {record.key}")
             remaining = None if deadline is None else deadline - self._clock.monotonic()
@@ -201,6 +208,8 @@ class Admission:
         files: list[SharedFile],
         leaving: list[ModelKey],
         whole_need: int,
+        *,
+        patient: bool = True,
     ) -> tuple[list[ModelRecord], float | None]:
         """Whom to evict now for ``missing`` bytes, or to wait (and how often to look again).
 
@@ -212,6 +221,8 @@ class Admission:
         1. idle models outside the hot decile, in the policy's order;
         2. else, if colder models that are busy, still loading, or leaving could make
            room, wait for them (a lease ends without a notification: look again soon);
+           once not ``patient`` (waited ``_MAX_WAIT_S``), evict busy colder ones instead,
+           as a model with steady traffic may never be idle;
         3. else hot models too, the least demanded first;
         4. else, if models still loading could make room, wait; otherwise refuse.
         """
@@ -223,6 +234,10 @@ class Admission:
         others = self.candidates(record) + self.candidates(record, loading=True)
         cold = [r.key for r in others if r.key not in hot]
         if self.budget.freed_by(device, leaving + cold, files) >= missing:
+            if not patient:
+                busy = self.victims(record, missing, files, leaving, exclude=hot)
+                if busy is not None:
+                    return busy, None
             return [], _BUSY_POLL_S
         victims = self.victims(record, missing, files, leaving, hot=hot)
         if victims is not None:
