@@ -85,7 +85,7 @@ class SimResult:
         return {
             "trace": self.trace,
             "policy": self.policy,
-            "budget_mib": round(self.budget_bytes / 2**20, 1),
+            "budget_mib": round(self.budget_bytes / 2**20, 3),
             "requests": self.requests,
             "cold_starts": self.cold_starts,
             "cold_start_s": round(self.cold_start_s, 3),
