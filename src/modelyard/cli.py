@@ -207,6 +207,35 @@ def _port_or_off(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"not a port number or 'off': {text!r}") from None
 
 
+def _plan(args: argparse.Namespace) -> int:
+    import json
+
+    from modelyard.simulation.plan import format_table, plan
+    from modelyard.simulation.traces import read_request_log
+
+    path = Path(args.trace)
+    if not path.is_file():
+        print(f"modelyard: {path} is not a file", file=sys.stderr)
+        return 2
+    trace = read_request_log(path)
+    if not trace.requests:
+        print(f"modelyard: {path} holds no request lines", file=sys.stderr)
+        return 2
+    policies = args.policies.split(",") if args.policies else None
+    from modelyard.manager.eviction import POLICY_NAMES
+
+    unknown = [p for p in policies or [] if p not in POLICY_NAMES]
+    if unknown:
+        print(f"modelyard: unknown policy {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    rows = plan(trace, budgets_mib=args.budget_mb, policies=policies or POLICY_NAMES)
+    if args.json:
+        print(json.dumps([{"budget_mib": r.budget_mib, **r.result.as_row()} for r in rows]))
+    else:
+        print(format_table(trace, rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     parser = argparse.ArgumentParser(prog="modelyard", description=__doc__)
@@ -229,6 +258,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop the start when a preloaded model cannot serve (default: yes)",
     )
     serve.set_defaults(func=_serve)
+
+    planner = sub.add_parser(
+        "plan", help="replay a request log: cold starts per eviction policy and budget"
+    )
+    planner.add_argument(
+        "--trace", required=True, help="a request log (request_log: path) or trace file"
+    )
+    planner.add_argument(
+        "--budget-mb",
+        type=float,
+        nargs="+",
+        help="budgets to try in MiB (default: 10-100 %% of all the models together)",
+    )
+    planner.add_argument("--policies", help="comma-separated (default: every policy)")
+    planner.add_argument("--json", action="store_true", help="JSON rows instead of a table")
+    planner.set_defaults(func=_plan)
 
     example = sub.add_parser("example", help="build an example model repository locally")
     example.add_argument("dir", help="folder to build it in")

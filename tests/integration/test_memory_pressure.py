@@ -289,8 +289,10 @@ async def test_fifty_models_with_shared_weights_stay_within_budget_and_overhead(
         evictions = sum(m["evictions"] for m in stats["models"])
         loads = sum(m["loads"] for m in stats["models"])
         shared_loads = sum(m["loads"] for m in stats["models"] if m["name"].startswith("s"))
+        hottest = next(m["loads"] for m in stats["models"] if m["name"] == order[0])
         print(
             f"\n50 models: {users.answered} answers in {DURATION_S:.0f} s, {loads} loads "
+            f"({hottest} of the hottest, {order[0]}) "
             f"({shared_loads} sharing), {evictions} evictions; budget {budget_mb} MiB of "
             f"{footprint_total / MIB:.0f} MiB total; overhead {overhead / MIB:.0f} MiB; "
             f"workers' PSS median {median / MIB:.1f}, peak {peak / MIB:.1f} MiB "

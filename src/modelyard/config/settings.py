@@ -59,11 +59,31 @@ class PrefetchConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     enabled: bool = True
-    """Load the likely next model into free budget (never evicting anything for it)."""
+    """Load the likely next model ahead of its request."""
     min_probability: float = Field(default=0.6, gt=0, le=1)
     """Only act on predictions at least this likely."""
     min_observations: PositiveInt = 10
     """... and seen at least this many times."""
+    displace: bool = True
+    """When the prediction does not fit in free budget, let it evict idle, colder models
+    whose expected reload cost (P(use within ``horizon_s``) times reload seconds) is lower
+    than the prediction's; false: prefetch only into free budget."""
+    horizon_s: float = Field(default=30.0, gt=0)
+    """The window that "P(use within the horizon)" of a resident model is taken over."""
+    page_cache: bool = True
+    """When a predicted model cannot be loaded, read its files into the page cache
+    (``posix_fadvise(WILLNEED)``; no budget used) so its load skips the disk."""
+
+
+class RequestLogConfig(BaseModel):
+    """An opt-in log of requests and loads (JSON lines) for ``modelyard plan``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str | None = None
+    """File to append to (relative to the working directory); null: no log."""
+    max_mb: float = Field(default=64.0, gt=0)
+    """The log stops growing at this size (a warning is logged once); never rotated."""
 
 
 class ServerSettings(BaseSettings):
@@ -109,8 +129,16 @@ class ServerSettings(BaseSettings):
     """Poll mode: a version folder without a manifest is taken once unchanged this long."""
     memory_sample_interval_s: float = Field(default=5.0, gt=0)
     """How often each worker's live memory (RSS/USS/PSS) is read for stats and metrics."""
-    eviction_policy: Literal["lru", "cost"] = "lru"
-    """Who leaves when room is needed: ``lru``, or ``cost`` (Greedy-Dual-Size-Frequency)."""
+    eviction_policy: Literal["lru", "lfu", "cost", "gdsf-decay"] = "gdsf-decay"
+    """Who leaves when room is needed: ``lru``, ``lfu``, ``cost`` (Greedy-Dual-Size-
+    Frequency) or ``gdsf-decay`` (GDSF over recent demand); see docs/caching.md."""
+    demand_half_life_s: float = Field(default=60.0, gt=0)
+    """How fast recent demand is forgotten (``gdsf-decay`` and the hot-model rule)."""
+    protect_hot: bool = True
+    """Never evict a model in the top decile of recent demand while a colder model is
+    evictable or a load in progress will become so."""
+    request_log: RequestLogConfig = Field(default_factory=RequestLogConfig)
+    """Opt-in request log (JSON lines) that ``modelyard plan`` replays."""
     prefetch: PrefetchConfig = Field(default_factory=PrefetchConfig)
     """Predictive preloading."""
     security: SecurityConfig = Field(default_factory=SecurityConfig)

@@ -16,12 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from modelyard.clock import Clock
 from modelyard.errors import DeadlineExceededError, MemoryBudgetError
 from modelyard.manager.budget import MemoryBudget, SharedFile
-from modelyard.manager.eviction import EvictionPolicy, select_victims
+from modelyard.manager.eviction import (
+    HOT_BUDGET_SHARE,
+    DemandTracker,
+    EvictionPolicy,
+    cap_hot,
+    protect_hot,
+    select_victims,
+)
 from modelyard.manager.llm_memory import GgufEstimate, estimate_gguf
 from modelyard.manager.records import Holder, ModelRecord, Replica, ReplicaState
 from modelyard.manager.states import RESIDENT, ModelState
@@ -35,6 +42,12 @@ _MIB = 1024 * 1024
 # guess only has to be in the right range until the measured footprint replaces it.
 _SIZE_GUESS_FACTOR = 1.2
 _SIZE_GUESS_BASE_BYTES = 4 * _MIB
+# A load waiting for busy models looks again this often: a request's lease ends
+# without notifying anyone.
+_BUSY_POLL_S = 0.01
+# ... and after this long evicts a busy colder model rather than wait on it: a model
+# with steady traffic may never be idle, and the load would run into its timeout.
+_MAX_WAIT_S = 2.0
 
 
 class Admission:
@@ -48,6 +61,8 @@ class Admission:
         evict: Callable[[ModelRecord, str], None],
         clock: Clock,
         evict_replica: Callable[[ModelRecord, Replica, str], None] | None = None,
+        demand: DemandTracker | None = None,
+        hot_fraction: float = 0.1,
     ) -> None:
         self.budget = budget
         self.policy = policy
@@ -59,6 +74,25 @@ class Admission:
         """Starts stopping a spare replica in the background (the manager owns the task)."""
         self.changed = asyncio.Condition()
         """Notified whenever memory is released or a model's state settles."""
+        self.demand = demand
+        """Recent demand per model (the hot-model rule; None: no such rule)."""
+        self.hot_fraction = hot_fraction
+
+    def hot(self) -> dict[Hashable, float]:
+        """The models in the top decile of recent demand, with their demand (never
+        victims while colder models are evictable, or will be once their loads finish)."""
+        if self.demand is None or self.hot_fraction <= 0:
+            return {}
+        hot = self.demand.hot(self._clock.monotonic(), self.hot_fraction)
+        if not hot:
+            return hot
+        sizes: dict[Hashable, int] = {}
+        budgets: list[int] = []
+        for r in self.records():
+            if r.key in hot:
+                sizes[r.key] = r.reserved_bytes or r.measured_bytes or 0
+                budgets.append(self.budget.device(r.device).budget_bytes)
+        return cap_hot(hot, sizes, int(min(budgets, default=0) * HOT_BUDGET_SHARE))
 
     def records(self) -> Iterable[ModelRecord]:
         """Every known model version (the registry's)."""
@@ -176,7 +210,8 @@ class Admission:
 
         ``device`` defaults to where ``record`` is placed and ``holder`` to its first
         replica; an extra replica passes its own device and key. With ``may_evict``
-        False (prefetches, scale-out) it only takes free room, or refuses.
+        False (prefetches, scale-out) it evicts nothing: it takes free room, waits for
+        what is already leaving (the victims a prefetcher chose), or refuses.
         """
         device = device or record.device
         holder = holder or record.key
@@ -191,6 +226,7 @@ class Admission:
                 f"model {record.key} needs {whole / _MIB:.1f} MiB, more than the whole "
                 f"{dev.budget_bytes / _MIB:.1f} MiB budget of {device}{why}"
             )
+        began = self._clock.monotonic()
         while True:
             if self.budget.try_reserve(device, holder, need, files):
                 if holder == record.key:
@@ -202,31 +238,35 @@ class Admission:
             # file shared with models that stay is not freed by them.
             leaving_keys = self.leaving(device)
             leaving = self.budget.freed_by(device, leaving_keys, files)
-            if not may_evict:
+            if not may_evict and leaving < missing:
+                # A prefetch or a scale-out evicts nothing itself (a prefetcher chose its
+                # victims, already leaving): it waits for them, or takes no for an answer.
                 raise self.refusal(record, need + dev.uncharged_bytes(files), device)
-            if leaving < missing:
-                plan = self.plan(record, device, missing, files, leaving_keys)
-                if plan is None:
-                    # Models still loading become evictable once READY: wait for them
-                    # rather than refuse, unless even they could not make room.
-                    others = self.candidates(record, device=device) + self.candidates(
-                        record, loading=True, device=device
-                    )
-                    keys = leaving_keys + [k for r in others for k in self.holders(r, device)]
-                    if self.budget.freed_by(device, keys, files) < missing:
-                        raise self.refusal(record, need + dev.uncharged_bytes(files), device)
-                else:
-                    spares, victims = plan
-                    for owner, replica in spares:
-                        if self._evict_replica is not None:
-                            self._evict_replica(owner, replica, f"making room for {record.key}")
-                    for victim in victims:
-                        self._evict(victim, f"making room for {record.key}")
+            poll: float | None = None
+            if may_evict and leaving < missing:
+                whole_need = need + dev.uncharged_bytes(files)
+                waited = self._clock.monotonic() - began
+                spares, victims, poll = self._plan(
+                    record,
+                    device,
+                    missing,
+                    files,
+                    leaving_keys,
+                    whole_need,
+                    patient=waited < _MAX_WAIT_S,
+                )
+                for owner, replica in spares:
+                    if self._evict_replica is not None:
+                        self._evict_replica(owner, replica, f"making room for {record.key}")
+                for victim in victims:
+                    self._evict(victim, f"making room for {record.key}")
             remaining = None if deadline is None else deadline - self._clock.monotonic()
             if remaining is not None and remaining <= 0:
                 raise DeadlineExceededError(
                     f"model {record.key} waited for memory past the request's deadline"
                 )
+            if poll is not None:
+                remaining = poll if remaining is None else min(poll, remaining)
             async with self.changed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.changed.wait(), remaining)
@@ -255,7 +295,8 @@ class Admission:
         """Spare replicas, then whole models, that free ``missing`` bytes on ``device``.
 
         Spare replicas go first (idlest first); whole models follow in the policy's
-        order (see :meth:`victims`). None when even all of them would not do.
+        order, hot models last (see :meth:`victims`). None when even all of them would
+        not do. What placement costs a device by; a load itself follows :meth:`_plan`.
         """
         spares: list[tuple[ModelRecord, Replica]] = []
         keys = list(leaving)
@@ -264,8 +305,69 @@ class Admission:
                 break
             spares.append((owner, replica))
             keys.append(replica.key)
-        victims = self.victims(record, missing, files, keys, device=device)
+        victims = self.victims(record, missing, files, keys, device=device, hot=self.hot())
         return None if victims is None else (spares, victims)
+
+    def _plan(
+        self,
+        record: ModelRecord,
+        device: str,
+        missing: int,
+        files: list[SharedFile],
+        leaving: list[Holder],
+        whole_need: int,
+        *,
+        patient: bool = True,
+    ) -> tuple[list[tuple[ModelRecord, Replica]], list[ModelRecord], float | None]:
+        """Whom to stop now for ``missing`` bytes on ``device``, or to wait (and how often
+        to look again): spare replicas, victims, poll interval.
+
+        In this order (issue 16: under concurrency the budget is often full of loads in
+        progress and of models serving requests; evicting whatever was READY made the
+        hottest model thrash, and evicting a model its waiting request had just loaded
+        sent that request round again):
+
+        0. spare replicas on the device, idlest first (spare capacity costs no reload);
+        1. idle models outside the hot decile, in the policy's order;
+        2. else, if colder models that are busy, still loading, or leaving could make
+           room, wait for them (a lease ends without a notification: look again soon);
+           once not ``patient`` (waited ``_MAX_WAIT_S``), evict busy colder ones instead,
+           as a model with steady traffic may never be idle;
+        3. else hot models too, the least demanded first;
+        4. else, if models still loading could make room, wait; otherwise refuse.
+        """
+        spares: list[tuple[ModelRecord, Replica]] = []
+        keys = list(leaving)
+        for owner, replica in self.spare_replicas(record, device):
+            if self.budget.freed_by(device, keys, files) >= missing:
+                break
+            spares.append((owner, replica))
+            keys.append(replica.key)
+        if self.budget.freed_by(device, keys, files) >= missing:
+            return spares, [], None
+        hot = self.hot()
+        victims = self.victims(
+            record, missing, files, keys, device=device, exclude=hot, idle_only=True
+        )
+        if victims is not None:
+            return spares, victims, None
+        others = self.candidates(record, device=device) + self.candidates(
+            record, loading=True, device=device
+        )
+        cold = [k for r in others if r.key not in hot for k in self.holders(r, device)]
+        if self.budget.freed_by(device, keys + cold, files) >= missing:
+            if not patient:
+                busy = self.victims(record, missing, files, keys, device=device, exclude=hot)
+                if busy is not None:
+                    return spares, busy, None
+            return spares, [], _BUSY_POLL_S
+        victims = self.victims(record, missing, files, keys, device=device, hot=hot)
+        if victims is not None:
+            return spares, victims, None
+        every = keys + [k for r in others for k in self.holders(r, device)]
+        if self.budget.freed_by(device, every, files) < missing:
+            raise self.refusal(record, whole_need, device)
+        return spares, [], _BUSY_POLL_S
 
     def victims(
         self,
@@ -275,25 +377,34 @@ class Admission:
         leaving: list[Holder],
         *,
         device: str | None = None,
+        exclude: Mapping[Hashable, float] | None = None,
+        hot: Mapping[Hashable, float] | None = None,
+        idle_only: bool = False,
     ) -> list[ModelRecord] | None:
         """The shortest prefix of the policy's order that, with ``leaving``, frees ``missing``.
 
         Counted by the budget, not by each victim's own reservation: a weight file
         several models share is freed only when all of them go, and one ``record``
-        will map anyway is not freed at all.
+        will map anyway is not freed at all. Models in ``exclude`` are not candidates,
+        nor busy ones with ``idle_only``; those in ``hot`` come last whatever the policy
+        says, the least demanded of them first.
         """
         device = device or record.device
-        candidates = self.candidates(record, device=device)
+        candidates = [
+            r
+            for r in self.candidates(record, device=device)
+            if r.key not in (exclude or {}) and not (idle_only and r.pending > 0)
+        ]
         replicated = any(r.replicas for r in candidates)
         if not files and not self.budget.device(device).shared and not replicated:
             # No shared files: each victim frees exactly its own reservation.
             return select_victims(
-                self.policy, candidates, missing - self.budget.freed_by(device, leaving)
+                self.policy, candidates, missing - self.budget.freed_by(device, leaving), hot
             )
         chosen: list[ModelRecord] = []
         if self.budget.freed_by(device, leaving, files) >= missing:
             return chosen
-        for victim in self.policy.order(candidates):
+        for victim in protect_hot(self.policy.order(candidates), hot or {}):
             chosen.append(victim)
             keys = leaving + [k for r in chosen for k in self.holders(r, device)]
             if self.budget.freed_by(device, keys, files) >= missing:

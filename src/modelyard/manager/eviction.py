@@ -1,11 +1,42 @@
-"""Eviction policies: who leaves when a load needs room. Pure functions of records."""
+"""Eviction policies: who leaves when a load needs room. Pure functions of records.
+
+Every policy orders the eviction candidates, most evictable first, with the same two
+rules in front of its own criterion: idle models before busy ones (a busy model has
+requests queued, running or routed to it), and less important before more important
+(a higher ``priority`` number is less important). Pinned models are never candidates
+(admission leaves them out). The policies themselves:
+
+- ``lru``: least recently used first (ModelMesh's choice, by bytes through the budget).
+- ``lfu``: fewest requests first, ties by age.
+- ``cost``: Greedy-Dual-Size-Frequency (see :class:`CostAwarePolicy`).
+- ``gdsf-decay``: GDSF whose frequency is an exponentially decayed request rate, so a
+  model that was popular an hour ago does not outrank one popular now.
+- ``belady``: Belady's MIN, the offline optimum for equal sizes: the model used
+  furthest in the future leaves first. It needs the future, so only the simulator
+  (:mod:`modelyard.simulation`) can run it; it bounds what any online policy can do.
+
+:class:`DemandTracker` keeps the decayed request rate per model that ``gdsf-decay`` and
+admission's hot-model rule read (see docs/caching.md).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Protocol
 
-from modelyard.manager.records import ModelRecord
+from modelyard.manager.records import ModelKey, ModelRecord
+
+POLICY_NAMES = ("lru", "lfu", "cost", "gdsf-decay")
+"""The policies a server can be configured with (``belady`` needs the future)."""
+
+DEFAULT_HALF_LIFE_S = 60.0
+"""How fast demand is forgotten: a request counts half as much after this long."""
+
+HOT_FRACTION = 0.1
+"""The hot models are the top decile of recent demand ..."""
+HOT_BUDGET_SHARE = 0.5
+"""... the hottest first, up to half of the device's budget."""
 
 
 class EvictionPolicy(Protocol):
@@ -21,6 +52,59 @@ class EvictionPolicy(Protocol):
         """Told of every eviction (policies with state age themselves here)."""
         ...
 
+    def on_request(self, record: ModelRecord, now: float) -> None:
+        """Told of every request (at ``now``, on the manager's clock)."""
+        ...
+
+
+class DemandTracker:
+    """Exponentially decayed request counts per model: recent demand, in requests.
+
+    ``demand(k)`` is the number of requests for ``k``, each weighted by
+    ``0.5 ** (age / half_life_s)``. Stored as ``(value, as of)`` pairs, decayed on read,
+    so an observation is O(1) and nothing runs in the background.
+    """
+
+    def __init__(self, half_life_s: float = DEFAULT_HALF_LIFE_S) -> None:
+        if half_life_s <= 0:
+            raise ValueError("half_life_s must be positive")
+        self.half_life_s = half_life_s
+        self._rate = math.log(2) / half_life_s
+        self._demand: dict[Hashable, tuple[float, float]] = {}
+
+    def observe(self, key: Hashable, now: float, weight: float = 1.0) -> None:
+        """Count one request for ``key`` at ``now``."""
+        self._demand[key] = (self.demand(key, now) + weight, now)
+
+    def demand(self, key: Hashable, now: float) -> float:
+        """Decayed requests of ``key`` as of ``now`` (0 if never seen)."""
+        value, since = self._demand.get(key, (0.0, now))
+        return value * math.exp(-self._rate * max(0.0, now - since))
+
+    def forget(self, key: Hashable) -> None:
+        """Drop ``key`` (removed from the repository)."""
+        self._demand.pop(key, None)
+
+    def hot(self, now: float, fraction: float = 0.1) -> dict[Hashable, float]:
+        """The top ``fraction`` of models by recent demand (at least one, if any is known),
+        with their demand.
+
+        Ranked among every model that has had a request; a model whose demand decayed
+        below a thousandth of a request no longer counts as known.
+        """
+        ranked = [(self.demand(k, now), k) for k in self._demand]
+        live = [(d, k) for d, k in ranked if d >= 1e-3]
+        if not live:
+            return {}
+        n = max(1, math.ceil(len(live) * fraction))
+        live.sort(key=lambda dk: dk[0], reverse=True)
+        return {k: d for d, k in live[:n]}
+
+
+def _front(record: ModelRecord) -> tuple[bool, int]:
+    """The rules every policy applies first: idle before busy, less important first."""
+    return (record.pending > 0, -record.config.priority)
+
 
 class LruPolicy:
     """Least recently used first; idle models before busy ones; less important first."""
@@ -29,17 +113,42 @@ class LruPolicy:
 
     def order(self, candidates: Sequence[ModelRecord]) -> list[ModelRecord]:
         """Idle before busy, then lower importance (higher number), then oldest use."""
-        return sorted(
-            candidates,
-            key=lambda r: (r.pending > 0, -r.config.priority, r.stats.last_used),
-        )
+        return sorted(candidates, key=lambda r: (*_front(r), r.stats.last_used))
 
     def on_evict(self, record: ModelRecord) -> None:
         """LRU keeps no state."""
 
+    def on_request(self, record: ModelRecord, now: float) -> None:
+        """LRU reads ``stats.last_used``, which the manager keeps."""
+
+
+class LfuPolicy:
+    """Least frequently used first (all-time request counts), ties by least recent use."""
+
+    name = "lfu"
+
+    def order(self, candidates: Sequence[ModelRecord]) -> list[ModelRecord]:
+        """Idle before busy, lower importance first, then fewest requests, then oldest."""
+        return sorted(candidates, key=lambda r: (*_front(r), r.stats.requests, r.stats.last_used))
+
+    def on_evict(self, record: ModelRecord) -> None:
+        """LFU keeps no state (it reads ``stats.requests``)."""
+
+    def on_request(self, record: ModelRecord, now: float) -> None:
+        """The manager counts requests in ``stats.requests``."""
+
 
 # A model never loaded yet is assumed to cost this much to bring back.
 _DEFAULT_RELOAD_S = 0.1
+
+
+def reload_seconds(record: ModelRecord) -> float:
+    """What bringing ``record`` back costs: its last load's duration, or a default."""
+    return record.timings.total_s or _DEFAULT_RELOAD_S
+
+
+def _size_mib(record: ModelRecord) -> float:
+    return max(record.reserved_bytes, 1) / (1024 * 1024)
 
 
 class CostAwarePolicy:
@@ -57,41 +166,136 @@ class CostAwarePolicy:
         self.inflation = 0.0
         self._base: dict[object, float] = {}
 
+    def frequency(self, record: ModelRecord) -> float:
+        """The frequency term: all-time requests."""
+        return float(max(record.stats.requests, 1))
+
     def value(self, record: ModelRecord) -> float:
         """``H`` of a candidate; its ``L`` is the inflation when it was (re)loaded."""
         base = self._base.setdefault(record.key, self.inflation)
-        reload_s = record.timings.total_s or _DEFAULT_RELOAD_S
-        size_mib = max(record.reserved_bytes, 1) / (1024 * 1024)
-        return base + max(record.stats.requests, 1) * reload_s / size_mib
+        return base + self.frequency(record) * reload_seconds(record) / _size_mib(record)
 
     def order(self, candidates: Sequence[ModelRecord]) -> list[ModelRecord]:
         """Idle before busy, lower importance first, then lowest value first."""
-        return sorted(candidates, key=lambda r: (r.pending > 0, -r.config.priority, self.value(r)))
+        return sorted(candidates, key=lambda r: (*_front(r), self.value(r)))
 
     def on_evict(self, record: ModelRecord) -> None:
         """Raise the inflation to the victim's value; it starts afresh when reloaded."""
         self.inflation = max(self.inflation, self.value(record))
         self._base.pop(record.key, None)
 
+    def on_request(self, record: ModelRecord, now: float) -> None:
+        """GDSF reads ``stats.requests``, which the manager keeps."""
 
-def make_policy(name: str) -> EvictionPolicy:
-    """The policy called ``name`` (``lru`` or ``cost``)."""
+
+class DecayedGdsfPolicy(CostAwarePolicy):
+    """GDSF with a decayed frequency: ``H = L + demand * reload_seconds / size``.
+
+    ``demand`` is the request count with each request's weight halving every
+    ``half_life_s``, so yesterday's favourite does not squat in memory. The inflation
+    ``L`` works as in GDSF. Requests are counted in :meth:`on_request`.
+    """
+
+    name = "gdsf-decay"
+
+    def __init__(self, half_life_s: float = DEFAULT_HALF_LIFE_S) -> None:
+        super().__init__()
+        self.demand = DemandTracker(half_life_s)
+        self.now = 0.0
+
+    def frequency(self, record: ModelRecord) -> float:
+        """Recent demand as of the last request seen (at least one request's worth)."""
+        return max(self.demand.demand(record.key, self.now), 1.0)
+
+    def on_request(self, record: ModelRecord, now: float) -> None:
+        """Count the request and move the policy's notion of now forward."""
+        self.now = max(self.now, now)
+        self.demand.observe(record.key, now)
+
+
+class BeladyPolicy:
+    """Belady's MIN: the candidate needed furthest in the future leaves first.
+
+    ``next_use(key)`` is when ``key`` is next requested (``inf``: never again); only a
+    simulator replaying a known trace can answer it. Optimal in misses when all models
+    are the same size; with sizes and reload costs it is the classic bound, not the
+    exact optimum (which is NP-hard), and the benchmarks report it as such.
+    """
+
+    name = "belady"
+
+    def __init__(self, next_use: Callable[[ModelKey], float]) -> None:
+        self.next_use = next_use
+
+    def order(self, candidates: Sequence[ModelRecord]) -> list[ModelRecord]:
+        """Less important first, then furthest next use first (busy ones are used now)."""
+        return sorted(
+            candidates, key=lambda r: (*_front(r), -self.next_use(r.key), r.stats.last_used)
+        )
+
+    def on_evict(self, record: ModelRecord) -> None:
+        """Belady keeps no state."""
+
+    def on_request(self, record: ModelRecord, now: float) -> None:
+        """Belady reads the future, not the past."""
+
+
+def make_policy(name: str, *, half_life_s: float = DEFAULT_HALF_LIFE_S) -> EvictionPolicy:
+    """The policy called ``name`` (one of :data:`POLICY_NAMES`)."""
     if name == "lru":
         return LruPolicy()
+    if name == "lfu":
+        return LfuPolicy()
     if name == "cost":
         return CostAwarePolicy()
+    if name == "gdsf-decay":
+        return DecayedGdsfPolicy(half_life_s)
     raise ValueError(f"unknown eviction policy {name!r}")
 
 
+def cap_hot(
+    hot: Mapping[Hashable, float], sizes: Mapping[Hashable, int], limit_bytes: int
+) -> dict[Hashable, float]:
+    """The hottest of ``hot`` whose sizes add up to at most ``limit_bytes`` (the hottest
+    one always): a hot set of big models must not leave too little room for the rest,
+    or every other load waits on them and the cold ones thrash in what is left."""
+    out: dict[Hashable, float] = {}
+    total = 0
+    for key, demand in sorted(hot.items(), key=lambda kv: kv[1], reverse=True):
+        total += sizes.get(key, 0)
+        if out and total > limit_bytes:
+            break
+        out[key] = demand
+    return out
+
+
+def protect_hot(ordered: Iterable[ModelRecord], hot: Mapping[Hashable, float]) -> list[ModelRecord]:
+    """``ordered`` with the hot models moved to the end, the least demanded of them first.
+
+    Whatever the policy, a model in the top decile of recent demand (``hot``: model to
+    its demand) is the victim only once every colder candidate has gone.
+    """
+    ordered = list(ordered)
+    cold = [r for r in ordered if r.key not in hot]
+    warm = sorted((r for r in ordered if r.key in hot), key=lambda r: hot[r.key])
+    return cold + warm
+
+
 def select_victims(
-    policy: EvictionPolicy, candidates: Sequence[ModelRecord], need_bytes: int
+    policy: EvictionPolicy,
+    candidates: Sequence[ModelRecord],
+    need_bytes: int,
+    hot: Mapping[Hashable, float] | None = None,
 ) -> list[ModelRecord] | None:
-    """The shortest prefix of the policy's order that frees ``need_bytes``; None if none does."""
+    """The shortest prefix of the policy's order that frees ``need_bytes``; None if none does.
+
+    With ``hot``, those models come last whatever the policy says (:func:`protect_hot`).
+    """
     if need_bytes <= 0:
         return []
     chosen: list[ModelRecord] = []
     freed = 0
-    for record in policy.order(candidates):
+    for record in protect_hot(policy.order(candidates), hot or {}):
         chosen.append(record)
         freed += record.reserved_bytes
         if freed >= need_bytes:

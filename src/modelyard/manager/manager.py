@@ -20,16 +20,18 @@ from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import ServerSettings
 from modelyard.errors import ModelStateConflictError, NotSupportedError, ServerError
 from modelyard.manager.admission import Admission
+from modelyard.manager.anticipation import Anticipation
 from modelyard.manager.budget import MemoryBudget, SharedFile
 from modelyard.manager.devices import DeviceTable, default_budget_bytes
 from modelyard.manager.events import EventLog
-from modelyard.manager.eviction import EvictionPolicy, make_policy
+from modelyard.manager.eviction import DemandTracker, EvictionPolicy, make_policy
 from modelyard.manager.loader import InstanceFactory, Loader
 from modelyard.manager.placement import Placer
 from modelyard.manager.prefetch import MarkovPredictor, Prefetcher
 from modelyard.manager.records import ModelEntry, ModelRecord, Replica
 from modelyard.manager.registry import ModelRegistry
 from modelyard.manager.replicas import ReplicaReady, ReplicaScaler, ReplicaStopped
+from modelyard.manager.request_log import RequestLog
 from modelyard.manager.states import RESIDENT, ModelState
 from modelyard.manager.tasks import TaskOwner
 from modelyard.protocol.names import check_model_name
@@ -67,15 +69,20 @@ class ModelManager:
         self.devices = devices or DeviceTable(settings.devices)
         """Every configured device: budget, kind, and why it cannot be used if so."""
         budget = MemoryBudget(self.devices.budgets())
+        self.demand = DemandTracker(settings.demand_half_life_s)
+        """Recent demand per model version: the hot-model rule (docs/caching.md)."""
         self.admission = Admission(
             budget,
-            policy or make_policy(settings.eviction_policy),
+            policy
+            or make_policy(settings.eviction_policy, half_life_s=settings.demand_half_life_s),
             self.records,
             lambda victim, reason: self._spawn_evict(victim, reason),
             self.clock,
             evict_replica=lambda owner, replica, reason: self._evict_replica(
                 owner, replica, reason
             ),
+            demand=self.demand,
+            hot_fraction=0.1 if settings.protect_hot else 0.0,
         )
         self.placer = Placer(self.devices, self.admission)
         self._loader = Loader(
@@ -100,11 +107,16 @@ class ModelManager:
             on_ready=on_replica_ready,
             on_stopped=on_replica_stopped,
         )
-        self.prefetcher = Prefetcher(
-            settings.prefetch,
-            lambda name: self.registry.resolve(name, None),
-            self._free_bytes_for,
-            self.admission.estimate_bytes,
+        self.anticipation = Anticipation(
+            settings,
+            registry=self.registry,
+            admission=self.admission,
+            tasks=self.tasks,
+            events=self.events,
+            clock=self.clock,
+            load=lambda r: self._loader.load(r, prefetch=True),
+            evict=self._spawn_evict,
+            free_bytes=self._free_bytes_for,
         )
         for cfg in settings.models:
             entry = self.add_model(cfg)
@@ -128,6 +140,16 @@ class ModelManager:
     def policy(self) -> EvictionPolicy:
         """The eviction policy (admission's)."""
         return self.admission.policy
+
+    @property
+    def prefetcher(self) -> Prefetcher:
+        """The prefetch decisions (the anticipation's)."""
+        return self.anticipation.prefetcher
+
+    @property
+    def request_log(self) -> RequestLog | None:
+        """The opt-in request log (None: off)."""
+        return self.anticipation.request_log
 
     @property
     def predictor(self) -> MarkovPredictor:
@@ -223,6 +245,7 @@ class ModelManager:
     async def close(self) -> None:
         """Unload everything and stop background tasks."""
         await self.tasks.close()
+        self.anticipation.close()
         await asyncio.gather(
             *(self._unload(r, reason="server shutting down") for r in self.records()),
             return_exceptions=True,
@@ -233,6 +256,9 @@ class ModelManager:
         if record.state is not ModelState.READY:
             return
         record.stats.evictions += 1
+        if record.prefetched_at is not None:
+            record.prefetched_at = None
+            record.stats.prefetch_wasted += 1
         self.admission.policy.on_evict(record)
         self.events.add("evicted", record.key, reason)
         log.info("evicting %s: %s", record.key, reason)
@@ -299,6 +325,7 @@ class ModelManager:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         await self._unload(record, reason=reason)
+        self.demand.forget(record.key)
         self.events.add("removed", record.key, reason)
 
     async def load(
@@ -351,17 +378,10 @@ class ModelManager:
         return max(free, default=0)
 
     def touch(self, record: ModelRecord) -> None:
-        """Note a request for LRU, the stats view and the prefetch predictor."""
-        record.stats.last_used = self.clock.monotonic()
+        """Note a request: LRU, demand, the policy, the request log and the predictors."""
+        now = self.clock.monotonic()
+        record.stats.last_used = now
         record.stats.requests += 1
-        chosen = self.prefetcher.after(record.key.name)
-        if chosen is None:
-            return
-        target, guess = chosen
-        target.stats.prefetches += 1
-        self.events.add(
-            "prefetch",
-            target.key,
-            f"after {record.key.name} (p={guess.probability:.2f} over {guess.observations})",
-        )
-        target.load_task = self.tasks.spawn(self._loader.load(target, prefetch=True))
+        self.demand.observe(record.key, now)
+        self.policy.on_request(record, now)
+        self.anticipation.after_request(record, now)

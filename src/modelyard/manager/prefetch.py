@@ -1,19 +1,30 @@
-"""Predictive preloading: a first-order Markov chain over the stream of requested models.
+"""Predictive preloading: what to load before anyone asks, and what it may displace.
 
-Every request for model ``A`` followed (in the server-wide stream) by a request for
-``B`` counts one ``A → B`` transition. After a request for ``A``, the most likely next
-model, if its probability and evidence pass the thresholds and it is not resident, is
-loaded in the background, but only into free budget: a prefetch never evicts anything.
+Two predictors. A first-order Markov chain over the server-wide stream of requested
+models: every request for ``A`` followed by one for ``B`` counts one ``A → B``
+transition, and after a request for ``A`` the most likely successor is the candidate.
+And per-model arrival histograms (as in "Serverless in the Wild", Shahrad et al.
+ATC '20): the distribution of gaps between a model's requests, from which the chance
+that a model is asked for within a horizon, given how long it has been idle, follows.
+
+A predicted model is loaded into free budget when it fits. When it does not (the
+budget is never free under pressure), it may displace resident models, but only idle,
+unpinned models outside the top decile of demand, and only when its expected value
+beats theirs: ``P(use within horizon) * reload seconds`` of the prediction against the
+sum of the same for the victims (their P from their histograms). See docs/caching.md.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import Counter, defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from modelyard.config.settings import PrefetchConfig
 from modelyard.errors import ServerError
+from modelyard.manager.eviction import reload_seconds
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.states import ModelState
 
@@ -25,6 +36,19 @@ class Prediction:
     model: str
     probability: float
     observations: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefetchDecision:
+    """Load ``target`` now; evict ``victims`` first (empty: it fits in free budget)."""
+
+    target: ModelRecord
+    guess: Prediction
+    victims: list[ModelRecord] = field(default_factory=list)
+    gain: float = 0.0
+    """Expected reload seconds saved: the target's value less the victims' (0 if free)."""
+    load: bool = True
+    """False: it cannot be loaded now; only warm its files in the page cache."""
 
 
 class MarkovPredictor:
@@ -54,10 +78,71 @@ class MarkovPredictor:
         return Prediction(successor, n / total, total)
 
 
+# Gap bins: 0.05 s to about 4 hours, each a third wider than the last (≈ 45 bins).
+_EDGES = [0.05 * (4 / 3) ** i for i in range(45)]
+
+
+@dataclass
+class _Arrivals:
+    first: float
+    last: float
+    count: int = 1
+    gaps: list[int] = field(default_factory=lambda: [0] * (len(_EDGES) + 1))
+
+
+class ArrivalHistograms:
+    """Per-model histograms of the gaps between requests (keep-alive windows).
+
+    Bounded: ``max_models`` models, each a fixed array of log-spaced bins.
+    """
+
+    def __init__(self, *, max_models: int = 10_000, min_gaps: int = 5) -> None:
+        self._models: dict[str, _Arrivals] = {}
+        self._max_models = max_models
+        self._min_gaps = min_gaps
+
+    def observe(self, model: str, now: float) -> None:
+        """Record a request for ``model`` at ``now``."""
+        a = self._models.get(model)
+        if a is None:
+            if len(self._models) < self._max_models:
+                self._models[model] = _Arrivals(now, now)
+            return
+        gap = now - a.last
+        a.gaps[bisect.bisect_left(_EDGES, gap)] += 1
+        a.last = now
+        a.count += 1
+
+    def p_within(self, model: str, now: float, horizon_s: float) -> float:
+        """P(``model`` is asked for within ``horizon_s`` of ``now``), given its idle time.
+
+        From the histogram, ``P(gap ≤ idle + h | gap > idle)``; with fewer than
+        ``min_gaps`` gaps seen, a Poisson guess from its mean rate; 0 for a model never
+        seen.
+        """
+        a = self._models.get(model)
+        if a is None:
+            return 0.0
+        idle = max(0.0, now - a.last)
+        seen = sum(a.gaps)
+        if seen < self._min_gaps:
+            span = max(now - a.first, horizon_s)
+            return 1.0 - math.exp(-horizon_s * a.count / span)
+        lo = bisect.bisect_left(_EDGES, idle)
+        hi = bisect.bisect_right(_EDGES, idle + horizon_s)
+        beyond = sum(a.gaps[lo:])
+        if beyond == 0:
+            return 0.0  # idle longer than any gap seen: it has probably gone cold
+        return min(1.0, sum(a.gaps[lo : hi + 1]) / beyond)
+
+
 class Prefetcher:
     """Decides, after each request, whether one model should be loaded ahead of need.
 
-    The decision only: the manager starts the load (into free budget, never evicting).
+    The decision only: the manager (or the simulator) starts the load and evicts the
+    victims it names. ``victims(target, missing)`` returns the eviction plan that would
+    free ``missing`` bytes: idle, unpinned candidates outside the hot decile, in the
+    policy's order (None: none would do). Without it a prefetch never evicts.
     """
 
     def __init__(
@@ -67,19 +152,25 @@ class Prefetcher:
         free_bytes: Callable[[ModelRecord], int],
         estimate_bytes: Callable[[ModelRecord], int],
         predictor: MarkovPredictor | None = None,
+        *,
+        victims: Callable[[ModelRecord, int], Sequence[ModelRecord] | None] | None = None,
+        histograms: ArrivalHistograms | None = None,
     ) -> None:
         self._config = config
         self._resolve = resolve
         self._free_bytes = free_bytes
         self._estimate_bytes = estimate_bytes
+        self._victims = victims
         self.predictor = predictor or MarkovPredictor()
+        self.histograms = histograms or ArrivalHistograms()
 
-    def after(self, model: str) -> tuple[ModelRecord, Prediction] | None:
-        """Note a request for ``model``; the record worth loading now, if any."""
+    def after(self, model: str, now: float = 0.0) -> PrefetchDecision | None:
+        """Note a request for ``model`` at ``now``; what is worth loading now, if anything."""
         cfg = self._config
         if not cfg.enabled:
             return None
         self.predictor.observe(model)
+        self.histograms.observe(model, now)
         guess = self.predictor.predict(model)
         if (
             guess is None
@@ -95,6 +186,21 @@ class Prefetcher:
             target.load_task is not None and not target.load_task.done()
         ):
             return None
-        if self._estimate_bytes(target) > self._free_bytes(target):
-            return None  # a prefetch never evicts
-        return target, guess
+        missing = self._estimate_bytes(target) - self._free_bytes(target)
+        if missing <= 0:
+            return PrefetchDecision(target, guess)
+        plan = self._victims(target, missing) if cfg.displace and self._victims else None
+        if plan:
+            gain = self.value(target, guess.probability) - sum(
+                self.value(v, self.histograms.p_within(v.key.name, now, cfg.horizon_s))
+                for v in plan
+            )
+            if gain > 0:
+                return PrefetchDecision(target, guess, list(plan), gain)
+        # It cannot be loaded now: its files can still wait in the page cache.
+        return PrefetchDecision(target, guess, load=False) if cfg.page_cache else None
+
+    @staticmethod
+    def value(record: ModelRecord, probability: float) -> float:
+        """Expected reload seconds of not having ``record`` resident: ``P * reload``."""
+        return probability * reload_seconds(record)

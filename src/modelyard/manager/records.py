@@ -124,6 +124,14 @@ class ModelStats:
     restarts: int = 0
     prefetches: int = 0
     """Loads started by the predictor rather than a request."""
+    prefetch_hits: int = 0
+    """Prefetched loads a request then used."""
+    prefetch_wasted: int = 0
+    """Prefetched loads evicted before any request used them."""
+    prefetch_hidden_s: float = 0.0
+    """Load seconds requests did not wait because a prefetch had started the load."""
+    page_cache_warms: int = 0
+    """Times the files were read into the page cache for a predicted load that did not fit."""
     cold_starts: int = 0
     cold_start_s_total: float = 0.0
     last_used: float = 0.0
@@ -172,6 +180,9 @@ class ModelRecord:
     schedulers report it after each batch)."""
     next_replica: int = 1
     """The index the next extra replica gets."""
+
+    prefetched_at: float | None = None
+    """When a prefetch started loading it, until a request uses it (None: not prefetched)."""
 
     def __post_init__(self) -> None:
         if not self.device:

@@ -39,6 +39,10 @@ class VersionView:
     restarts: int
     cold_starts: int
     prefetches: int
+    prefetch_hits: int
+    prefetch_wasted: int
+    prefetch_hidden_s: float
+    page_cache_warms: int
     cold_start_s_total: float
     pending: int
     last_load: LoadTimings
@@ -80,6 +84,10 @@ class VersionView:
             restarts=s.restarts,
             cold_starts=s.cold_starts,
             prefetches=s.prefetches,
+            prefetch_hits=s.prefetch_hits,
+            prefetch_wasted=s.prefetch_wasted,
+            prefetch_hidden_s=s.prefetch_hidden_s,
+            page_cache_warms=s.page_cache_warms,
             cold_start_s_total=s.cold_start_s_total,
             pending=record.pending,
             last_load=LoadTimings(
@@ -115,6 +123,10 @@ class VersionView:
             "restarts": self.restarts,
             "cold_starts": self.cold_starts,
             "prefetches": self.prefetches,
+            "prefetch_hits": self.prefetch_hits,
+            "prefetch_wasted": self.prefetch_wasted,
+            "prefetch_hidden_s": round(self.prefetch_hidden_s, 6),
+            "page_cache_warms": self.page_cache_warms,
             "cold_start_s_total": round(self.cold_start_s_total, 6),
             "pending": self.pending,
             "last_load": {

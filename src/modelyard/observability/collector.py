@@ -58,6 +58,12 @@ class ManagerCollector:
             )
             f["modelyard_model_in_flight_requests"].add_metric(mv, record.in_flight)
             f["modelyard_model_cold_starts"].add_metric(mv, record.stats.cold_starts)
+            st = record.stats
+            f["modelyard_model_prefetches"].add_metric(mv, st.prefetches)
+            f["modelyard_model_prefetch_hits"].add_metric(mv, st.prefetch_hits)
+            f["modelyard_model_prefetch_wasted"].add_metric(mv, st.prefetch_wasted)
+            f["modelyard_model_prefetch_hidden_seconds"].add_metric(mv, st.prefetch_hidden_s)
+            f["modelyard_model_page_cache_warms"].add_metric(mv, st.page_cache_warms)
             if record.scheduler is not None:
                 stats = record.scheduler.snapshot()
                 f["modelyard_scheduler_queued_requests"].add_metric(mv, stats.queue_depth)
@@ -133,6 +139,15 @@ class ManagerCollector:
               labels=mv),
             c("modelyard_model_cold_starts", "Loads started by a request (cache misses).",
               labels=mv),
+            c("modelyard_model_prefetches", "Loads started by the predictor.", labels=mv),
+            c("modelyard_model_prefetch_hits", "Prefetched loads a request then used.",
+              labels=mv),
+            c("modelyard_model_prefetch_wasted",
+              "Prefetched loads evicted before any request used them.", labels=mv),
+            c("modelyard_model_prefetch_hidden_seconds",
+              "Load seconds requests did not wait thanks to a prefetch.", labels=mv),
+            c("modelyard_model_page_cache_warms",
+              "Page-cache warm-ups of a predicted model that did not fit.", labels=mv),
             g("modelyard_scheduler_queued_requests", "Requests waiting in the version's queue.",
               labels=mv),
             g("modelyard_scheduler_running_requests", "Requests in running model calls.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import PrefetchConfig
 from modelyard.errors import ModelNotFoundError
-from modelyard.manager.prefetch import MarkovPredictor, Prefetcher
+from modelyard.manager.prefetch import ArrivalHistograms, MarkovPredictor, Prefetcher
 from modelyard.manager.records import ModelKey, ModelRecord
 from modelyard.manager.states import ModelState
 
@@ -70,7 +71,9 @@ def test_the_prefetcher_names_the_likely_next_model_when_it_fits() -> None:
     _alternate(prefetcher, 3)
     chosen = prefetcher.after("a")
     assert chosen is not None
-    target, guess = chosen
+    assert chosen.load
+    assert chosen.victims == []
+    target, guess = chosen.target, chosen.guess
     assert target is b
     assert guess.model == "b"
     assert guess.probability == 1.0
@@ -87,7 +90,8 @@ def test_the_prefetcher_names_the_likely_next_model_when_it_fits() -> None:
 def test_the_prefetcher_declines(free_bytes: int, enabled: bool, state: ModelState) -> None:
     prefetcher, _ = _prefetcher(free_bytes, enabled=enabled, state=state)
     _alternate(prefetcher, 3)
-    assert prefetcher.after("a") is None
+    decision = prefetcher.after("a")
+    assert decision is None or not decision.load
 
 
 def test_an_unknown_successor_is_not_prefetched() -> None:
@@ -96,3 +100,92 @@ def test_an_unknown_successor_is_not_prefetched() -> None:
         prefetcher.after("a")
         prefetcher.after("gone")
     assert prefetcher.after("a") is None
+
+
+# ---------------------------------------------------------------- prediction under pressure
+
+
+def _record(name: str, reload_s: float, state: ModelState = ModelState.UNLOADED) -> ModelRecord:
+    r = ModelRecord(ModelKey(name, "1"), ModelConfig(name=name, path=name), Path(name), state=state)
+    r.timings.total_s = reload_s
+    return r
+
+
+def _pressured(victim: ModelRecord, target: ModelRecord, *, displace: bool = True) -> Prefetcher:
+    """A prefetcher with no free byte, whose only displaceable model is ``victim``."""
+    config = PrefetchConfig(min_probability=0.5, min_observations=2, displace=displace)
+    return Prefetcher(
+        config,
+        lambda name: target,
+        lambda r: 0,
+        lambda r: 10,
+        victims=lambda t, missing: [victim],
+    )
+
+
+def test_a_likely_costly_prediction_displaces_a_cold_cheap_model() -> None:
+    target = _record("b", reload_s=2.0)
+    victim = _record("old", reload_s=0.1, state=ModelState.READY)
+    prefetcher = _pressured(victim, target)
+    now = 0.0
+    for _ in range(3):
+        prefetcher.after("a", now)
+        prefetcher.after("b", now + 0.5)
+        now += 1.0
+    decision = prefetcher.after("a", now)
+    assert decision is not None
+    assert decision.load
+    assert decision.victims == [victim]
+    # p(b after a) = 1, so the gain is its whole reload less the victim's expected one.
+    assert decision.gain == pytest.approx(2.0, abs=0.1)
+
+
+def test_a_prediction_worth_less_than_its_victim_only_warms_the_page_cache() -> None:
+    target = _record("b", reload_s=0.1)
+    victim = _record("old", reload_s=5.0, state=ModelState.READY)
+    prefetcher = _pressured(victim, target)
+    now = 0.0
+    for _ in range(3):
+        prefetcher.after("old", now)  # the victim is in use every second: P close to 1
+        prefetcher.after("a", now + 0.2)
+        prefetcher.after("b", now + 0.4)
+        now += 1.0
+    prefetcher.after("old", now)
+    decision = prefetcher.after("a", now + 0.2)
+    assert decision is not None
+    assert not decision.load, "0.1 s saved is not worth risking a 5 s reload"
+    assert decision.victims == []
+
+
+def test_without_displacement_a_prediction_that_does_not_fit_is_not_loaded() -> None:
+    target = _record("b", reload_s=2.0)
+    victim = _record("old", reload_s=0.1, state=ModelState.READY)
+    prefetcher = _pressured(victim, target, displace=False)
+    for i in range(3):
+        prefetcher.after("a", float(i))
+        prefetcher.after("b", i + 0.5)
+    decision = prefetcher.after("a", 3.0)
+    assert decision is not None
+    assert not decision.load
+
+
+def test_arrival_histogram_keep_alive_probability() -> None:
+    h = ArrivalHistograms(min_gaps=3)
+    for i in range(20):
+        h.observe("periodic", 10.0 * i)  # one request every 10 s
+    last = 190.0
+    # Just after a request the next is due in about 10 s: likely within 15 s, unlikely
+    # within 5 s.
+    assert h.p_within("periodic", last + 1.0, 15.0) == pytest.approx(1.0)
+    assert h.p_within("periodic", last + 1.0, 5.0) == pytest.approx(0.0)
+    # Idle far longer than any gap seen: gone cold.
+    assert h.p_within("periodic", last + 1000.0, 15.0) == 0.0
+    assert h.p_within("never", last, 15.0) == 0.0
+
+
+def test_arrival_histogram_guesses_from_the_rate_before_it_has_gaps() -> None:
+    h = ArrivalHistograms(min_gaps=5)
+    h.observe("m", 0.0)
+    h.observe("m", 10.0)
+    p = h.p_within("m", 10.0, 10.0)
+    assert p == pytest.approx(1 - math.exp(-10.0 * 2 / 10.0))

@@ -1,0 +1,79 @@
+"""Issue 16's fifty-model run, live on the manager: loads of the hottest model, totals, Belady.
+
+The run of tests/integration/test_memory_pressure.py's fifty models (Zipf 1.1, 8
+concurrent users, a budget of a fifth of the total, four popular models sharing a 64 MiB
+file) on the real manager, router, admission and schedulers, with instances that sleep
+the ONNX load curve (20 ms + 3 ms/MiB, two loads at a time as on two cores) instead of
+starting workers (tests/fakes/cache_run.py). Per configuration: failures, loads of the
+hottest model, total loads, seconds requests waited for loads, wall time; and the
+recorded trace replayed in the simulator with Belady's MIN and with the same policy.
+
+    PYTHONPATH=src:. .venv/bin/python bench/bench_fifty.py            # 3,000 requests
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+
+from modelyard.simulation.engine import simulate
+from tests.fakes.cache_run import run
+
+CONFIGS = [
+    ("lru, no hot rule (before)", "lru", False),
+    ("lru", "lru", True),
+    ("cost", "cost", True),
+    ("gdsf-decay", "gdsf-decay", True),
+]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--scale", type=float, default=1.0, help="load-time multiplier")
+    parser.add_argument("--json", type=Path, default=Path("bench/results/fifty.json"))
+    args = parser.parse_args()
+    rows = []
+    print(
+        "| configuration | failed | hottest loads | loads | cold-start s | wall s "
+        "| sim loads | Belady loads | loads / Belady |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for label, policy, hot in CONFIGS:
+        with tempfile.TemporaryDirectory() as d:
+            r = await run(
+                Path(d), n_requests=args.requests, policy=policy, protect_hot=hot,
+                time_scale=args.scale,
+            )  # fmt: skip
+        trace = r.as_trace()
+        sim = simulate(trace, policy, r.budget_bytes, hot_fraction=0.1 if hot else 0.0)
+        bel = simulate(trace, "belady", r.budget_bytes)
+        top = r.order[0]
+        print(
+            f"| {label} | {len(r.failures)} | {r.loads[top]} | {r.total_loads} "
+            f"| {r.cold_start_s:.1f} | {r.wall_s:.1f} | {sim.loads} | {bel.loads} "
+            f"| {r.total_loads / bel.loads:.2f} |",
+            flush=True,
+        )
+        rows.append(
+            {
+                "config": label,
+                "failed": len(r.failures),
+                "hottest": top,
+                "hottest_loads": r.loads[top],
+                "loads": r.total_loads,
+                "cold_start_s": r.cold_start_s,
+                "wall_s": r.wall_s,
+                "sim_loads": sim.loads,
+                "belady_loads": bel.loads,
+            }
+        )
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

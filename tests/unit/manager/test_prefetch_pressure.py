@@ -1,0 +1,105 @@
+"""Prediction under pressure, in the manager: a likely model displaces a cold one, or
+only its files are warmed; hits, waste and hidden seconds are counted."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+from modelyard.config.model_config import ModelConfig
+from modelyard.config.settings import DeviceConfig, PrefetchConfig, ServerSettings
+from modelyard.manager.manager import ModelManager
+from modelyard.manager.records import ModelRecord
+from modelyard.manager.states import ModelState
+from tests.fakes.clock import FakeClock
+from tests.fakes.instance import FakeInstance
+
+MIB = 1024 * 1024
+
+
+def _manager(tmp_path: Path, *, displace: bool) -> tuple[ModelManager, FakeClock]:
+    for name in ("a", "b", "c"):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.onnx").write_bytes(b"x" * 4096)
+    settings = ServerSettings(
+        model_repository=str(tmp_path),
+        devices=[DeviceConfig(name="cpu", memory_budget_mb=100)],
+        models=[ModelConfig(name=n, path=n, memory_mb=40) for n in ("a", "b", "c")],
+        prefetch=PrefetchConfig(min_observations=2, min_probability=0.5, displace=displace),
+    )
+    clock = FakeClock()
+    manager = ModelManager(settings, lambda config: FakeInstance(40 * MIB), clock=clock)
+    return manager, clock
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    async def poll() -> None:
+        while not check():
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(poll(), 5.0)
+
+
+async def _setup(manager: ModelManager, clock: FakeClock) -> tuple[ModelRecord, ...]:
+    a, b, c = (manager.resolve(n, None) for n in ("a", "b", "c"))
+    await manager.ensure_ready(c, deadline=None)
+    manager.touch(c)  # used once, long ago: cold
+    clock.advance(10_000)
+    await manager.ensure_ready(a, deadline=None)
+    # a then b, twice: the chain a → b is learnt; b is not resident (no room: a + c).
+    for _ in range(2):
+        manager.touch(a)
+        clock.advance(1)
+        manager.touch(b)
+        clock.advance(1)
+    assert not b.is_ready
+    return a, b, c
+
+
+async def test_a_likely_model_displaces_a_cold_one_and_its_use_counts_as_a_hit(
+    tmp_path: Path,
+) -> None:
+    manager, clock = _manager(tmp_path, displace=True)
+    a, b, c = await _setup(manager, clock)
+    manager.touch(a)  # b is predicted; it only fits if c leaves
+    await _until(lambda: b.is_ready)
+    assert c.state is ModelState.UNLOADED, "the cold model was displaced"
+    assert a.is_ready, "the model in use stays"
+    assert b.stats.prefetches == 1
+    assert b.stats.cold_starts == 0
+    events = [e for e in manager.events.recent() if e.kind == "prefetch"]
+    assert "displacing 1" in events[0].message
+    clock.advance(2)
+    manager.touch(b)
+    assert b.stats.prefetch_hits == 1
+    assert b.stats.prefetch_hidden_s >= 0
+    assert b.prefetched_at is None
+    await manager.close()
+
+
+async def test_a_prefetched_model_evicted_unused_counts_as_wasted(tmp_path: Path) -> None:
+    manager, clock = _manager(tmp_path, displace=True)
+    a, b, _ = await _setup(manager, clock)
+    manager.touch(a)
+    await _until(lambda: b.is_ready)
+    await manager.evict(b, reason="test")
+    assert b.stats.prefetch_wasted == 1
+    assert b.stats.prefetch_hits == 0
+    await manager.close()
+
+
+async def test_without_displacement_only_the_files_are_warmed(tmp_path: Path) -> None:
+    manager, clock = _manager(tmp_path, displace=False)
+    a, b, c = await _setup(manager, clock)
+    warms_before = b.stats.page_cache_warms
+    manager.touch(a)
+    await _until(lambda: b.stats.page_cache_warms > warms_before)
+    assert c.is_ready, "nothing was evicted for the prediction"
+    assert b.state is ModelState.UNLOADED
+    assert b.stats.prefetches == 0
+    # Warmed at most once in 30 s however often it is predicted.
+    manager.touch(b)
+    manager.touch(a)
+    assert b.stats.page_cache_warms == warms_before + 1
+    await manager.close()

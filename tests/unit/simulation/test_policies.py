@@ -1,0 +1,201 @@
+"""Every eviction policy on hand-written traces with known answers, Belady's MIN included.
+
+The traces are replayed by the simulator with the manager's own policy objects; models
+are all one size unless a test says otherwise, requests a second apart so every load
+has finished before the next request.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from modelyard.config.model_config import ModelConfig
+from modelyard.manager.eviction import (
+    CostAwarePolicy,
+    DecayedGdsfPolicy,
+    DemandTracker,
+    LfuPolicy,
+    LruPolicy,
+    cap_hot,
+    make_policy,
+    select_victims,
+)
+from modelyard.manager.records import ModelKey, ModelRecord
+from modelyard.simulation.engine import SimResult, simulate
+from modelyard.simulation.traces import MIB, ModelSpec, Request, Trace
+
+SIZE = 10 * MIB
+
+
+def _trace(names: str, *, sizes: dict[str, int] | None = None, load_s: float = 0.1) -> Trace:
+    """One request per character of ``names``, a second apart."""
+    sizes = sizes or {}
+    models = {n: ModelSpec(n, sizes.get(n, SIZE), load_s) for n in dict.fromkeys(names)}
+    return Trace("hand", [Request(float(i), n) for i, n in enumerate(names)], models)
+
+
+def _sim(trace: Trace, policy: str, budget: int, pinned: frozenset[str] = frozenset()) -> SimResult:
+    """Replay with no hot rule, no service time and unbounded parallel loads."""
+    return simulate(
+        trace, policy, budget, hot_fraction=0.0, service_s=0.0, load_slots=0, pinned=pinned
+    )
+
+
+# The textbook reference string (Belady 1966; 3 frames: OPT 7 faults, LRU 10).
+REFERENCE = "abcdabeabcde"
+
+
+def test_belady_makes_the_optimal_seven_misses_on_the_reference_string() -> None:
+    result = _sim(_trace(REFERENCE), "belady", 3 * SIZE)
+    assert result.cold_starts == 7
+    assert result.loads == 7
+
+
+def test_lru_makes_ten_misses_on_the_reference_string() -> None:
+    result = _sim(_trace(REFERENCE), "lru", 3 * SIZE)
+    assert result.cold_starts == 10
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "cost", "gdsf-decay"])
+def test_no_online_policy_beats_belady(policy: str) -> None:
+    trace = _trace("abcabdabeacbdeabfabcadbe" * 3)
+    online = _sim(trace, policy, 3 * SIZE)
+    best = _sim(trace, "belady", 3 * SIZE)
+    assert best.cold_starts <= online.cold_starts
+
+
+def test_lru_evicts_the_least_recently_used() -> None:
+    # a b c a d: at d, b is the least recently used (a was used again).
+    trace = _trace("abcad" + "b")
+    result = _sim(trace, "lru", 3 * SIZE)
+    assert result.loads_by_model["b"] == 2, "b was evicted for d and loaded again"
+    assert result.loads_by_model["a"] == 1
+
+
+def test_lfu_keeps_the_frequent_model_even_when_it_is_old() -> None:
+    # a is asked three times, then b, c, d: LRU would evict a for d; LFU evicts b.
+    trace = _trace("aaabcd" + "a")
+    lfu = _sim(trace, "lfu", 3 * SIZE)
+    lru = _sim(trace, "lru", 3 * SIZE)
+    assert lfu.loads_by_model["a"] == 1
+    assert lru.loads_by_model["a"] == 2
+
+
+def test_gdsf_keeps_the_model_that_is_expensive_to_reload() -> None:
+    # Same size, same requests; "slow" takes 5 s to load, "fast" 0.1 s: GDSF evicts fast.
+    models = {
+        "slow": ModelSpec("slow", SIZE, 5.0),
+        "fast": ModelSpec("fast", SIZE, 0.1),
+        "new": ModelSpec("new", SIZE, 0.1),
+    }
+    reqs = [Request(0, "slow"), Request(10, "fast"), Request(20, "new"), Request(30, "slow")]
+    trace = Trace("cost", reqs, models)
+    gdsf = _sim(trace, "cost", 2 * SIZE)
+    lru = _sim(trace, "lru", 2 * SIZE)
+    assert gdsf.loads_by_model["slow"] == 1
+    assert lru.loads_by_model["slow"] == 2
+    assert gdsf.cold_start_s < lru.cold_start_s
+
+
+def test_gdsf_prefers_evicting_the_big_model() -> None:
+    # Equal popularity and reload time: x (small, oldest) then b (twice the size) fill
+    # the room; y needs one more slot. LRU evicts x, the oldest; GDSF evicts b, the
+    # lowest value per byte, so x is still there when asked again.
+    trace = _trace("xbyx", sizes={"b": 2 * SIZE})
+    gdsf = _sim(trace, "cost", 3 * SIZE)
+    lru = _sim(trace, "lru", 3 * SIZE)
+    assert gdsf.loads_by_model["x"] == 1
+    assert lru.loads_by_model["x"] == 2
+
+
+def test_decayed_gdsf_forgets_yesterdays_favourite() -> None:
+    # "old" was asked 50 times an hour ago; "now" twice in the last minute. Plain GDSF
+    # (all-time counts) keeps old; the decayed one keeps now.
+    models = {n: ModelSpec(n, SIZE, 0.1) for n in ("old", "now", "other")}
+    reqs = [Request(i * 0.1, "old") for i in range(50)]
+    reqs += [Request(3600.0, "now"), Request(3601.0, "now"), Request(3602.0, "other")]
+    reqs += [Request(3603.0, "now"), Request(3604.0, "old")]
+    trace = Trace("decay", reqs, models)
+    decayed = _sim(trace, "gdsf-decay", 2 * SIZE)
+    plain = _sim(trace, "cost", 2 * SIZE)
+    assert decayed.loads_by_model["now"] == 1, "decayed GDSF evicted old for other"
+    assert plain.loads_by_model["now"] == 2, "plain GDSF evicted now: old has 50 requests"
+
+
+# ---------------------------------------------------------------- rules every policy keeps
+
+
+def _record(name: str, *, last_used: float = 0.0, requests: int = 1, pending: int = 0,
+            priority: int = 1, size: int = SIZE) -> ModelRecord:  # fmt: skip
+    r = ModelRecord(
+        ModelKey(name, "1"), ModelConfig(name=name, path=name, priority=priority), Path(name)
+    )
+    r.stats.last_used = last_used
+    r.stats.requests = requests
+    r.leases = pending
+    r.reserved_bytes = size
+    r.timings.total_s = 0.1
+    return r
+
+
+@pytest.mark.parametrize("name", ["lru", "lfu", "cost", "gdsf-decay"])
+def test_idle_before_busy_and_less_important_first(name: str) -> None:
+    policy = make_policy(name)
+    busy = _record("busy", last_used=0.0, requests=1, pending=2)
+    idle = _record("idle", last_used=10.0, requests=100)
+    minor = _record("minor", last_used=20.0, requests=1000, priority=5)
+    assert [r.key.name for r in policy.order([busy, idle, minor])] == ["minor", "idle", "busy"]
+
+
+def test_pinned_models_are_never_evicted_in_the_simulator() -> None:
+    trace = _trace("pabcdpabcd")
+    result = _sim(trace, "lru", 2 * SIZE, pinned=frozenset({"p"}))
+    assert result.loads_by_model["p"] == 1
+
+
+def test_a_hot_model_is_the_victim_only_after_every_colder_one() -> None:
+    hot = _record("hot", last_used=0.0)  # LRU's first choice
+    cold = [_record(f"c{i}", last_used=10.0 + i) for i in range(3)]
+    policy = LruPolicy()
+    victims = select_victims(policy, [hot, *cold], 2 * SIZE, {hot.key: 50.0})
+    assert victims is not None
+    assert hot not in victims
+    assert [v.key.name for v in victims] == ["c0", "c1"]
+    everything = select_victims(policy, [hot, *cold], 4 * SIZE, {hot.key: 50.0})
+    assert everything is not None
+    assert everything[-1] is hot
+
+
+def test_demand_decays_by_half_each_half_life() -> None:
+    d = DemandTracker(half_life_s=10.0)
+    for _ in range(8):
+        d.observe("a", 0.0)
+    assert d.demand("a", 0.0) == pytest.approx(8.0)
+    assert d.demand("a", 10.0) == pytest.approx(4.0)
+    assert d.demand("a", 30.0) == pytest.approx(1.0)
+    d.observe("a", 30.0)
+    assert d.demand("a", 30.0) == pytest.approx(2.0)
+
+
+def test_the_hot_decile_is_the_top_tenth_by_recent_demand() -> None:
+    d = DemandTracker(half_life_s=60.0)
+    for i in range(20):
+        for _ in range(i + 1):
+            d.observe(f"m{i}", 0.0)
+    assert set(d.hot(0.0)) == {"m19", "m18"}
+    # Capped by size: the hottest always, the next only if both fit.
+    assert set(cap_hot(d.hot(0.0), {"m19": 60, "m18": 50}, 100)) == {"m19"}
+    assert set(cap_hot(d.hot(0.0), {"m19": 60, "m18": 40}, 100)) == {"m19", "m18"}
+
+
+def test_the_policies_are_the_configured_ones() -> None:
+    assert isinstance(make_policy("lru"), LruPolicy)
+    assert isinstance(make_policy("lfu"), LfuPolicy)
+    assert type(make_policy("cost")) is CostAwarePolicy
+    assert isinstance(make_policy("gdsf-decay"), DecayedGdsfPolicy)
+    with pytest.raises(ValueError, match="belady"):
+        make_policy("belady")
+    assert math.isfinite(DecayedGdsfPolicy().value(_record("x")))
