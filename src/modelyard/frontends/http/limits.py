@@ -5,11 +5,11 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard.errors import PayloadTooLargeError
-from modelyard.frontends.http.errors import error_response
 from modelyard.frontends.http.fastpath import is_infer_path
+from modelyard.frontends.http.openai_errors import error_response_at
 
-_DATA_ROUTES = ("/predict",)
-"""Routes besides infer whose bodies carry tensors (the larger limit)."""
+_DATA_ROUTES = frozenset({"/predict", "/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
+"""Routes besides infer whose bodies carry tensors or prompts (the larger limit)."""
 
 
 class BodyLimit:
@@ -37,7 +37,7 @@ class BodyLimit:
                     f"request body of {int(value)} bytes is over the {limit}-byte limit "
                     f"({self.what})"
                 )
-                await error_response(exc)(scope, receive, send)
+                await error_response_at(scope["path"], exc)(scope, receive, send)
                 return
         received = 0
         started = False
@@ -63,7 +63,7 @@ class BodyLimit:
         except PayloadTooLargeError as exc:
             if started:
                 raise
-            await error_response(exc)(scope, receive, send)
+            await error_response_at(scope["path"], exc)(scope, receive, send)
 
 
 class RouteLimits:
