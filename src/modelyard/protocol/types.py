@@ -142,16 +142,27 @@ class ModelMetadata:
     inputs: tuple[TensorMetadata, ...] = ()
     """Known once the model has loaded (empty before)."""
     outputs: tuple[TensorMetadata, ...] = ()
+    generative: bool = False
+    """True for a text-generation model (``llama_cpp``, ``transformers`` runtimes): it is
+    served by :meth:`~modelyard.frontends.dataplane.DataPlane.generate`."""
+    context_length: int | None = None
+    """Tokens of context one sequence may hold (prompt plus generated) for a generative
+    model: the configured ``n_ctx``, else the model's trained length; None otherwise."""
 
     def to_dict(self) -> dict[str, object]:
-        """The REST form: ``{"name", "versions", "platform", "inputs", "outputs"}``."""
-        return {
+        """The REST form: ``{"name", "versions", "platform", "inputs", "outputs"}``
+        (generative models add ``"generative": true`` and ``"context_length"``)."""
+        doc: dict[str, object] = {
             "name": self.name,
             "versions": list(self.versions),
             "platform": self.platform,
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
         }
+        if self.generative:
+            doc["generative"] = True
+            doc["context_length"] = self.context_length
+        return doc
 
 
 @dataclass(frozen=True, slots=True)
