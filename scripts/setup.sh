@@ -5,6 +5,6 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-extras="test"
-if [ "${MODELYARD_NO_TORCH:-0}" != "1" ]; then extras="test,torch"; fi
+extras="test,llm"
+if [ "${MODELYARD_NO_TORCH:-0}" != "1" ]; then extras="test,torch,llm"; fi
 .venv/bin/python -m pip install -q -e ".[${extras}]"

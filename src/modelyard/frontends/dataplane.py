@@ -19,20 +19,21 @@ from modelyard.config.limits import LimitsConfig
 from modelyard.errors import (
     DeadlineExceededError,
     ErrorCode,
+    InternalError,
     InvalidInputError,
     ModelNotReadyError,
-    NotSupportedError,
     PayloadTooLargeError,
     ServerError,
     hide_paths,
 )
+from modelyard.manager.llm_memory import context_length_of
 from modelyard.manager.manager import ModelManager
-from modelyard.manager.records import ModelRecord
+from modelyard.manager.records import ModelKey, ModelRecord
 from modelyard.manager.router import Router
 from modelyard.manager.states import ModelState
 from modelyard.observability.metrics import OK, Metrics
 from modelyard.protocol.documents import json_object
-from modelyard.protocol.generate import GenerateChunk, GenerateRequest
+from modelyard.protocol.generate import GenerateChunk, GenerateRequest, check_generate_request
 from modelyard.protocol.limits import count_elements
 from modelyard.protocol.names import check_model_name, check_version_name
 from modelyard.protocol.predict import predict_answer, predict_call, predict_inputs
@@ -48,6 +49,8 @@ from modelyard.protocol.types import (
     header_timeout_s,
 )
 from modelyard.runtimes.base import TensorSpec
+from modelyard.scheduling.generation_gate import GenerationGate
+from modelyard.workers.instance import GenerationCounters, GenerativeInstance
 
 SERVER_NAME = "modelyard"
 EXTENSIONS = ("model_repository", "binary_tensor_data", "schedule_policy", "statistics")
@@ -116,6 +119,7 @@ class DataPlane:
         """Largest encoded response; the front ends check it after encoding."""
         self.is_serving = False
         """Set by the app once start-up finished; cleared when shutdown starts."""
+        self._gates: dict[ModelKey, GenerationGate] = {}
 
     def _load_waited(self, record: ModelRecord, seconds: float) -> None:
         if self.metrics is not None:
@@ -160,7 +164,12 @@ class DataPlane:
     def _context_length(record: ModelRecord) -> int | None:
         if not record.config.is_generative:
             return None
-        return record.config.generation.n_ctx
+        info = record.info
+        if info is not None and isinstance(info.details.get("context_length"), int):
+            n_ctx = info.details["context_length"]
+            assert isinstance(n_ctx, int)
+            return n_ctx
+        return context_length_of(record)
 
     def generative_models(self) -> list[ModelMetadata]:
         """Metadata of every configured generative model (its default version), loaded
@@ -362,17 +371,136 @@ class DataPlane:
         DeadlineExceededError (no first token by the deadline). An error after the first
         chunk is raised from the iterator (WorkerCrashedError when the worker died).
         Closing the iterator early (the client went away) stops generation in the worker.
+
+        Deadlines: the first token must come within the model's ``timeout_s`` (a load
+        waited for does not count), and the client's ``timeout_s`` caps the whole stream.
         """
-        record = self.manager.resolve(
-            check_model_name(request.model), check_version_name(request.version)
-        )
+        if not self.is_serving:
+            raise ModelNotReadyError("server is not ready (starting or shutting down)")
+        started = self.clock.monotonic()
+        name = check_model_name(request.model)
+        record = self.manager.resolve(name, check_version_name(request.version))
         if not record.config.is_generative:
             raise InvalidInputError(
                 f"model {request.model!r} does not generate text (runtime "
                 f"{record.config.runtime!r}); use the inference API"
             )
-        raise NotSupportedError("text generation is not available yet")
-        yield  # pragma: no cover - makes this an async generator
+        check_generate_request(request)
+        client_timeout_s = request.timeout_s
+        if client_timeout_s is not None and client_timeout_s <= 0:
+            raise InvalidInputError("'timeout' must be positive")
+        self._check_max_tokens(record, request)
+        metrics = self.metrics
+        code: str = OK
+        first_at: float | None = None
+        last: GenerateChunk | None = None
+        try:
+            async with self.router.route(
+                record,
+                started=started,
+                timeout_s=record.config.timeout_s,
+                client_timeout_s=client_timeout_s,
+            ) as route:
+                self._check_max_tokens(record, request)
+                gate = self._gate(record)
+                priority = record.config.priority if request.priority is None else request.priority
+                async with gate.slot(priority, route.deadline):
+                    instance = record.instance
+                    if not isinstance(instance, GenerativeInstance):
+                        raise ModelNotReadyError(f"model {record.key} is not ready")
+                    end = None if client_timeout_s is None else started + client_timeout_s
+                    stream = instance.generate(request)
+                    try:
+                        while True:
+                            limit = route.deadline if first_at is None else end
+                            chunk = await self._next_chunk(record, stream, limit, first_at)
+                            if first_at is None:
+                                first_at = self.clock.monotonic()
+                            last = chunk
+                            yield chunk
+                            if chunk.finish_reason is not None:
+                                return
+                    finally:
+                        await stream.aclose()  # early: cancels generation in the worker
+        except ServerError as exc:
+            code = exc.code
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            code = ErrorCode.CANCELLED
+            raise
+        except Exception:
+            code = ErrorCode.INTERNAL
+            raise
+        finally:
+            if metrics is not None:
+                now = self.clock.monotonic()
+                metrics.request_done(record.key.name, record.key.version, code, now - started)
+                if last is not None and first_at is not None:
+                    metrics.generation_done(
+                        record.key.name,
+                        record.key.version,
+                        ttft_s=first_at - started,
+                        decode_s=now - first_at,
+                        prompt_tokens=last.prompt_tokens,
+                        completion_tokens=last.completion_tokens,
+                    )
+
+    async def _next_chunk(
+        self,
+        record: ModelRecord,
+        stream: AsyncIterator[GenerateChunk],
+        deadline: float | None,
+        first_at: float | None,
+    ) -> GenerateChunk:
+        timeout = None if deadline is None else deadline - self.clock.monotonic()
+        try:
+            async with asyncio.timeout(None if timeout is None else max(0.0, timeout)):
+                return await anext(stream)
+        except TimeoutError:
+            what = "its first token" if first_at is None else "the end of its stream"
+            raise DeadlineExceededError(
+                f"model {record.key} did not produce {what} by the request's deadline"
+            ) from None
+        except StopAsyncIteration:
+            raise InternalError(f"model {record.key} ended a stream without a finish") from None
+
+    def _check_max_tokens(self, record: ModelRecord, request: GenerateRequest) -> None:
+        # The worker checks prompt + max_tokens once the prompt is tokenized; a
+        # max_tokens that alone exceeds the context is refused before any queueing.
+        n_ctx = self._context_length(record)
+        wanted = request.sampling.max_tokens
+        if n_ctx is not None and wanted is not None and wanted >= n_ctx:
+            raise InvalidInputError(
+                f"max_tokens {wanted} + a prompt of at least 1 token > the context of "
+                f"{n_ctx} tokens per sequence of model {record.key.name!r}: ask for at most "
+                f"{n_ctx - 1} new tokens"
+            )
+
+    def _gate(self, record: ModelRecord) -> GenerationGate:
+        gate = self._gates.get(record.key)
+        if gate is None:
+            cfg = record.config
+            gate = GenerationGate(
+                str(record.key), cfg.generation.parallel, cfg.max_queue_size, self.clock
+            )
+            self._gates[record.key] = gate
+        return gate
+
+    def generation_gate(self, name: str, version: str) -> GenerationGate | None:
+        """The admission gate of a generative model version (None before its first
+        request): its running and queued streams."""
+        return self._gates.get(ModelKey(name, version))
+
+    async def generation_counters(
+        self, name: str, version: str | None = None
+    ) -> GenerationCounters:
+        """The worker's own counters of a loaded generative model (tokens it generated,
+        active sequences, KV-cache bytes); ModelNotReadyError when it is not loaded."""
+        record = self.manager.resolve(check_model_name(name), check_version_name(version))
+        instance = record.instance
+        if not record.is_ready or not isinstance(instance, GenerativeInstance):
+            raise ModelNotReadyError(f"model {record.key} is not a loaded generative model")
+        return await instance.generation_counters()
 
     # ------------------------------------------------------------------ repository
 

@@ -17,10 +17,13 @@ from modelyard.clock import Clock
 from modelyard.errors import DeadlineExceededError, MemoryBudgetError
 from modelyard.manager.budget import MemoryBudget, SharedFile
 from modelyard.manager.eviction import EvictionPolicy, select_victims
+from modelyard.manager.llm_memory import GgufEstimate, estimate_gguf
 from modelyard.manager.records import ModelKey, ModelRecord
 from modelyard.manager.states import RESIDENT, ModelState
+from modelyard.repository.gguf import GGUFError
 from modelyard.repository.layout import dir_size_bytes
-from modelyard.workers.footprint import weight_files
+from modelyard.runtimes.base import find_model_file
+from modelyard.workers.footprint import MappedFile, weight_files
 
 _MIB = 1024 * 1024
 # A loaded ONNX model holds roughly its file size plus the runtime's buffers; the
@@ -64,13 +67,34 @@ class Admission:
         weights = sum(f.size for f in files)
         declared = max(0, int((record.config.memory_mb or 0) * _MIB) - weights)
         measured = record.measured_bytes or 0
+        gguf = self.gguf_estimate(record)
+        if gguf is not None:
+            # KV cache and compute buffers from the header; the file is charged apart.
+            return max(declared, measured, gguf.private_bytes)
         private_files = max(0, dir_size_bytes(record.path) - weights)
         guess = int(private_files * _SIZE_GUESS_FACTOR) + _SIZE_GUESS_BASE_BYTES
         return max(declared, measured, guess)
 
+    def gguf_estimate(self, record: ModelRecord) -> GgufEstimate | None:
+        """The header-based estimate of a ``llama_cpp`` model (None for other runtimes, or
+        when the file cannot be read: the load then fails with the reason)."""
+        if record.config.runtime != "llama_cpp":
+            return None
+        try:
+            path = find_model_file(record.path, (".gguf",), record.model_file)
+            return estimate_gguf(path, record.config.generation)
+        except (OSError, GGUFError):
+            return None
+
     def mapped_files(self, record: ModelRecord) -> list[SharedFile]:
-        """The weight files ``record``'s replica will memory-map (``share_weights`` ONNX)."""
+        """The weight files ``record``'s replica will memory-map: ``share_weights`` ONNX
+        external data, or a ``llama_cpp`` model's GGUF file (always mapped)."""
         cfg = record.config
+        if cfg.runtime == "llama_cpp":
+            try:
+                return [MappedFile.of(find_model_file(record.path, (".gguf",), record.model_file))]
+            except OSError:
+                return []
         if not (cfg.share_weights and cfg.runtime == "onnx"):
             return []
         return weight_files(record.path)
@@ -122,9 +146,11 @@ class Admission:
         files = self.mapped_files(record)
         whole = need + sum(f.size for f in set(files))
         if whole > dev.budget_bytes:
+            gguf = self.gguf_estimate(record)
+            why = "" if gguf is None else f" ({gguf.arithmetic()}): lower n_ctx or parallel"
             raise MemoryBudgetError(
                 f"model {record.key} needs {whole / _MIB:.1f} MiB, more than the whole "
-                f"{dev.budget_bytes / _MIB:.1f} MiB budget of {device}"
+                f"{dev.budget_bytes / _MIB:.1f} MiB budget of {device}{why}"
             )
         while True:
             if self.budget.try_reserve(device, record.key, need, files):

@@ -47,6 +47,8 @@ LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 SWITCH_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+TOKEN_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+TOKENS_PER_SECOND_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 _EVENT_COUNTERS = {
@@ -158,6 +160,28 @@ class Metrics:
             "Every lifecycle event by kind, including kinds without a counter of their own.",
             "kind",
         )
+        self.ttft_seconds = histogram(
+            "modelyard_generation_time_to_first_token_seconds",
+            "Generation: time from receipt of a request to its first text chunk.",
+            LATENCY_BUCKETS_S,
+        )
+        self.tpot_seconds = histogram(
+            "modelyard_generation_time_per_output_token_seconds",
+            "Generation: time per generated token after the first, per request.",
+            TOKEN_BUCKETS_S,
+        )
+        self.tokens_per_second = histogram(
+            "modelyard_generation_tokens_per_second",
+            "Generation: tokens per second of each request's decoding.",
+            TOKENS_PER_SECOND_BUCKETS,
+        )
+        self.prompt_tokens = counter(
+            "modelyard_generation_prompt_tokens", "Generation: prompt tokens evaluated."
+        )
+        self.generated_tokens = counter(
+            "modelyard_generation_generated_tokens",
+            "Generation: tokens generated (as counted by the workers).",
+        )
         if process_metrics:
             ProcessCollector(namespace="modelyard", registry=registry)
 
@@ -225,6 +249,25 @@ class Metrics:
         m = self._of(model, version)
         m.cold_start_seconds.observe(wait_s)
         m.recent.cold_start(int(self._clock.monotonic()))
+
+    def generation_done(
+        self,
+        model: str,
+        version: str,
+        *,
+        ttft_s: float,
+        decode_s: float,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> None:
+        """One generation stream ended (any outcome) after its first chunk."""
+        mv = (model, version)
+        self.ttft_seconds.labels(*mv).observe(ttft_s)
+        self.prompt_tokens.labels(*mv).inc(prompt_tokens)
+        self.generated_tokens.labels(*mv).inc(completion_tokens)
+        if completion_tokens > 1 and decode_s > 0:
+            self.tpot_seconds.labels(*mv).observe(decode_s / (completion_tokens - 1))
+            self.tokens_per_second.labels(*mv).observe((completion_tokens - 1) / decode_s)
 
     # ----------------------------------------------------------------- lifecycle events
 

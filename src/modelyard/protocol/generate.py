@@ -9,7 +9,10 @@ sampling and stopping mean the same thing on every API.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from modelyard.errors import InvalidInputError
 
 FINISH_STOP = "stop"
 """The model produced its end-of-sequence token or a stop string matched."""
@@ -79,3 +82,58 @@ class GenerateChunk:
     """``"stop"`` | ``"length"`` on the last chunk; None while streaming."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+
+MAX_PROMPT_CHARS = 128 * 1024
+"""Longest prompt (or all messages together) one request may send, in characters."""
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+
+
+def check_generate_request(request: GenerateRequest) -> None:
+    """InvalidInputError unless ``request`` is well formed (the same words on every API)."""
+    if (request.prompt is None) == (request.messages is None):
+        raise InvalidInputError("give exactly one of a prompt and chat messages")
+    if request.messages is not None:
+        if not request.messages:
+            raise InvalidInputError("'messages' must hold at least one message")
+        for i, m in enumerate(request.messages):
+            if not isinstance(m.role, str) or not m.role:
+                raise InvalidInputError(f"message {i} has no role")
+            if not isinstance(m.content, str):
+                raise InvalidInputError(f"message {i}: 'content' must be a string")
+        size = sum(len(m.content) + len(m.role) for m in request.messages)
+    else:
+        assert request.prompt is not None
+        if not isinstance(request.prompt, str):
+            raise InvalidInputError("the prompt must be a string")
+        size = len(request.prompt)
+    if size > MAX_PROMPT_CHARS:
+        raise InvalidInputError(
+            f"the prompt is {size} characters; at most {MAX_PROMPT_CHARS} are accepted"
+        )
+    s = request.sampling
+    if s.max_tokens is not None and (
+        isinstance(s.max_tokens, bool) or not isinstance(s.max_tokens, int) or s.max_tokens < 1
+    ):
+        raise InvalidInputError("'max_tokens' must be a positive integer")
+    if not _number(s.temperature) or s.temperature < 0:
+        raise InvalidInputError("'temperature' must be a number >= 0 (0 is greedy)")
+    if not _number(s.top_p) or not 0 < s.top_p <= 1:
+        raise InvalidInputError("'top_p' must be a number in (0, 1]")
+    if isinstance(s.top_k, bool) or not isinstance(s.top_k, int) or s.top_k < 0:
+        raise InvalidInputError("'top_k' must be an integer >= 0 (0 is off)")
+    if s.seed is not None and (isinstance(s.seed, bool) or not isinstance(s.seed, int)):
+        raise InvalidInputError("'seed' must be an integer")
+    if len(s.stop) > MAX_STOP_STRINGS:
+        raise InvalidInputError(f"at most {MAX_STOP_STRINGS} stop strings are accepted")
+    for stop in s.stop:
+        if not isinstance(stop, str) or not stop or len(stop) > MAX_STOP_CHARS:
+            raise InvalidInputError(
+                f"each stop string must be a non-empty string of at most {MAX_STOP_CHARS} "
+                "characters"
+            )
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -3,6 +3,20 @@
 from __future__ import annotations
 
 from modelyard.runtimes.base import Runtime, RuntimeSpec, TensorSpec
+from modelyard.runtimes.generation import GenerativeRuntime
+
+GENERATIVE_KINDS = frozenset({"llama_cpp"})
+"""Runtimes that generate text (:func:`create_generative_runtime`), not tensors."""
+
+
+def create_generative_runtime(kind: str) -> GenerativeRuntime:
+    """A new, unloaded generative runtime of ``kind`` (``llama_cpp``)."""
+    if kind == "llama_cpp":
+        from modelyard.runtimes.llama_cpp import LlamaCppRuntime
+
+        runtime: GenerativeRuntime = LlamaCppRuntime()
+        return runtime
+    raise ValueError(f"unknown generative runtime {kind!r}")
 
 
 def create_runtime(kind: str) -> Runtime:
@@ -27,4 +41,12 @@ def create_runtime(kind: str) -> Runtime:
     raise ValueError(f"unknown runtime {kind!r}")
 
 
-__all__ = ["Runtime", "RuntimeSpec", "TensorSpec", "create_runtime"]
+__all__ = [
+    "GENERATIVE_KINDS",
+    "GenerativeRuntime",
+    "Runtime",
+    "RuntimeSpec",
+    "TensorSpec",
+    "create_generative_runtime",
+    "create_runtime",
+]

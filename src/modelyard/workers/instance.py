@@ -7,12 +7,13 @@ process (``workers/process.py``) is the instance's business.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.runtimes.base import RuntimeSpec, TensorSpec
 
 
@@ -70,4 +71,32 @@ class ModelInstance(Protocol):
 
     def set_exit_callback(self, callback: ExitCallback) -> None:
         """Register the callback fired when the instance dies unexpectedly."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationCounters:
+    """A generative worker's own counters, read from the worker itself."""
+
+    generated_tokens: int
+    """Tokens the worker sampled since it loaded (cancelled streams included): the
+    figure that shows a cancelled stream really stopped."""
+    prompt_tokens: int
+    active: int
+    kv_cache_bytes: int
+    context_length: int
+    parallel: int
+
+
+@runtime_checkable
+class GenerativeInstance(Protocol):
+    """An instance of a generative model (``llama_cpp``, ``transformers``)."""
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """Stream the chunks of one generation; closing the iterator early cancels it in
+        the worker. WorkerCrashedError from the iterator if the worker dies meanwhile."""
+        ...
+
+    async def generation_counters(self, timeout_s: float = 5.0) -> GenerationCounters:
+        """The worker's counters now (asked over its channel)."""
         ...

@@ -14,27 +14,41 @@ This module never imports the server's manager, scheduler or front ends.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import faulthandler
 import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 
 from modelyard.errors import ErrorCode, InternalError, ServerError
-from modelyard.runtimes import Runtime, create_runtime
+from modelyard.runtimes import (
+    GENERATIVE_KINDS,
+    GenerativeRuntime,
+    Runtime,
+    create_generative_runtime,
+    create_runtime,
+)
 from modelyard.runtimes.errors import classify_runtime_error
+from modelyard.runtimes.generation import GenerationJob
 from modelyard.workers.channel import BlockingChannel, ChannelClosedError, SharedRegion
 from modelyard.workers.messages import (
+    Cancel,
+    Chunk,
     ErrorInfo,
     Failed,
+    Generate,
+    GenerationCounters,
     Hello,
     Infer,
     InferDone,
     Load,
     Loaded,
+    StatsQuery,
     Stop,
 )
 
@@ -94,6 +108,8 @@ def _serve(channel: BlockingChannel, region: SharedRegion) -> int:
     first = channel.recv()
     if not isinstance(first, Load):
         return 0 if first is None or isinstance(first, Stop) else 2
+    if first.spec.kind in GENERATIVE_KINDS:
+        return _serve_generation(channel, first)
     try:
         runtime = create_runtime(first.spec.kind)
         loaded = _load(runtime, first)
@@ -121,6 +137,90 @@ def _serve(channel: BlockingChannel, region: SharedRegion) -> int:
             channel.send(Failed(msg.seq, _infer_error(exc, limit)))
             continue
         channel.send(InferDone(msg.seq, region.size, metas))
+
+
+class _ChannelSink:
+    """Sends what the generation thread produces, at once; sends are serialised because
+    the main thread answers StatsQuery on the same socket."""
+
+    def __init__(self, channel: BlockingChannel) -> None:
+        self._channel = channel
+        self._lock = threading.Lock()
+
+    def send(self, msg: Chunk | Failed | GenerationCounters | Loaded) -> None:
+        # A send error means the server went away: the main loop sees the end of stream.
+        with self._lock, contextlib.suppress(ChannelClosedError, OSError):
+            self._channel.send(msg)
+
+    def chunk(
+        self,
+        seq: int,
+        text: str,
+        token_ids: list[int],
+        finish_reason: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> None:
+        self.send(
+            Chunk(seq, text, tuple(token_ids), finish_reason, prompt_tokens, completion_tokens)
+        )
+
+    def failed(self, seq: int, code: str, message: str) -> None:
+        self.send(Failed(seq, ErrorInfo(code, message)))
+
+
+def _serve_generation(channel: BlockingChannel, first: Load) -> int:
+    """Serve a generative model: jobs go to the runtime's generation thread, which sends
+    their chunks itself; this loop only receives (jobs, cancellations, stats queries)."""
+    try:
+        runtime: GenerativeRuntime = create_generative_runtime(first.spec.kind)
+        t0 = time.perf_counter()
+        runtime.load(first.spec)
+        load_s = time.perf_counter() - t0
+    except Exception as exc:
+        message = f"model {first.spec.model_name!r} failed to load: {type(exc).__name__}: {exc}"
+        info = ErrorInfo(ErrorCode.MODEL_LOAD_FAILED.value, message, traceback.format_exc())
+        channel.send(Failed(first.seq, info))
+        return 1
+    sink = _ChannelSink(channel)
+    sink.send(Loaded(first.seq, (), (), False, load_s, runtime.context_length))
+    runtime.start(sink)
+    try:
+        while True:
+            msg = channel.recv()
+            if msg is None or isinstance(msg, Stop):
+                return 0
+            if isinstance(msg, Generate):
+                runtime.submit(
+                    GenerationJob(
+                        msg.seq,
+                        msg.prompt,
+                        msg.messages,
+                        msg.max_tokens,
+                        msg.temperature,
+                        msg.top_p,
+                        msg.top_k,
+                        msg.seed,
+                        msg.stop,
+                    )
+                )
+            elif isinstance(msg, Cancel):
+                runtime.cancel(msg.seq)
+            elif isinstance(msg, StatsQuery):
+                st = runtime.stats()
+                sink.send(
+                    GenerationCounters(
+                        msg.seq,
+                        st.generated_tokens,
+                        st.prompt_tokens,
+                        st.active,
+                        st.kv_cache_bytes,
+                        st.context_length,
+                        st.parallel,
+                    )
+                )
+    finally:
+        runtime.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -70,6 +70,8 @@ class Loaded(msgspec.Struct, frozen=True, array_like=True, tag="L"):
     outputs: tuple[TensorSpec, ...]
     supports_batching: bool
     load_s: float
+    context_length: int = 0
+    """Tokens per sequence of a generative model; 0 for tensor models."""
 
 
 class Infer(msgspec.Struct, frozen=True, array_like=True, tag="i"):
@@ -86,6 +88,56 @@ class InferDone(msgspec.Struct, frozen=True, array_like=True, tag="d"):
     seq: int
     region_bytes: int
     tensors: tuple[TensorMeta, ...]
+
+
+class Generate(msgspec.Struct, frozen=True, array_like=True, tag="g"):
+    """Server → worker: generate text for a generative model's job ``seq``."""
+
+    seq: int
+    prompt: str | None
+    messages: tuple[tuple[str, str], ...] | None
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: tuple[str, ...]
+
+
+class Chunk(msgspec.Struct, frozen=True, array_like=True, tag="c"):
+    """Worker → server: text produced for job ``seq``, sent as soon as it is produced; the
+    last one has ``finish_reason``. Token counts are running totals."""
+
+    seq: int
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Cancel(msgspec.Struct, frozen=True, array_like=True, tag="k"):
+    """Server → worker: stop job ``seq`` (its client went away or its deadline passed)."""
+
+    seq: int
+
+
+class StatsQuery(msgspec.Struct, frozen=True, array_like=True, tag="q"):
+    """Server → worker: report the generation counters."""
+
+    seq: int
+
+
+class GenerationCounters(msgspec.Struct, frozen=True, array_like=True, tag="Q"):
+    """Worker → server: the generative runtime's counters (answer to StatsQuery)."""
+
+    seq: int
+    generated_tokens: int
+    prompt_tokens: int
+    active: int
+    kv_cache_bytes: int
+    context_length: int
+    parallel: int
 
 
 class Failed(msgspec.Struct, frozen=True, array_like=True, tag="f"):
@@ -144,6 +196,11 @@ Message = (
     | Loaded
     | Infer
     | InferDone
+    | Generate
+    | Chunk
+    | Cancel
+    | StatsQuery
+    | GenerationCounters
     | Failed
     | Stop
     | ForkServerReady
@@ -178,7 +235,7 @@ def _clipped(msg: Message) -> Message:
 def encode(msg: Message) -> bytes:
     """One datagram; MessageError for anything not a message or past :data:`MAX_MESSAGE_BYTES`."""
     kind = type(msg)
-    if kind is not Infer and kind is not InferDone:  # the hot pair carries no free text
+    if kind is not Infer and kind is not InferDone and kind is not Chunk:  # no free text
         if not isinstance(msg, _MESSAGE_TYPES):
             raise MessageError(f"{kind.__name__} is not a message")
         msg = _clipped(msg)

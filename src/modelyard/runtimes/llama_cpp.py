@@ -1,0 +1,436 @@
+"""GGUF models through llama-cpp-python (the ``llm`` extra), inside a worker process.
+
+One model, one llama.cpp context with ``parallel`` sequences, and one dedicated
+generation thread: it admits queued jobs into free sequence slots, evaluates every
+active sequence in one ``llama_decode`` batch per step (the prompts of new jobs and the
+last token of running ones: continuous batching), samples each, and reports the text at
+once. One thread, not a thread pool: llama.cpp decodes about four times slower when each
+token comes from another thread.
+
+The weights are memory-mapped (replicas and versions of one file share the page cache,
+and the budget charges the file once), and llama.cpp's extra weight buffers
+(``use_extra_bufts``, which copy F16 weights for AMX kernels) are off: they double the
+resident memory and slow warm loads many times over. llama-cpp-python 0.3.36 does not
+expose that flag as a keyword, so the model is loaded through the low-level API.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import queue
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from modelyard.errors import InternalError, InvalidInputError, ServerError
+from modelyard.protocol.generate import FINISH_LENGTH, FINISH_STOP
+from modelyard.repository.gguf import llama_dims, read_metadata
+from modelyard.runtimes.base import RuntimeSpec, find_model_file
+from modelyard.runtimes.generation import (
+    GenerationJob,
+    GenerationSink,
+    GenerationStats,
+    check_context,
+    int_option,
+)
+from modelyard.runtimes.textstream import TextStream
+
+DEFAULT_MAX_CONTEXT = 4096
+"""The context a model gets without ``n_ctx``: its trained length, at most this."""
+KV_ELEMENT_BYTES = 2
+"""llama.cpp's KV cache holds F16 keys and values by default."""
+
+_backend_ready = False
+_log_callback: Any = None
+
+
+def _init_backend(llama: Any) -> None:
+    global _backend_ready, _log_callback
+    if _backend_ready:
+        return
+
+    # llama.cpp logs every tensor at load; keep its errors only (on the worker's stderr).
+    @llama.llama_log_callback  # type: ignore[untyped-decorator]
+    def log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        if level == 3:  # GGML_LOG_LEVEL_ERROR
+            import sys
+
+            sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+    _log_callback = log  # a ctypes callback must outlive its registration
+    llama.llama_log_set(log, ctypes.c_void_p(0))
+    llama.llama_backend_init()
+    _backend_ready = True
+
+
+@dataclass(slots=True)
+class _Sequence:
+    """A job in a sequence slot: its tokens, sampler and text so far."""
+
+    job: GenerationJob
+    slot: int
+    prompt: list[int]
+    sampler: Any
+    stream: TextStream
+    fed: int = 0
+    """Prompt tokens already evaluated."""
+    position: int = 0
+    """Tokens in this sequence's KV cache."""
+    last: int = -1
+    """The token sampled last, evaluated in the next step."""
+    generated: int = 0
+    logits_index: int = -1
+    pending_ids: list[int] = field(default_factory=list)
+
+
+class LlamaCppRuntime:
+    """A GGUF model served by llama.cpp with parallel sequences (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._llama: Any = None
+        self._model: Any = None
+        self._ctx: Any = None
+        self._vocab: Any = None
+        self._batch: Any = None
+        self._template: Any = None
+        self._bos_text = ""
+        self._eos_text = ""
+        self._n_ctx = 0
+        self._parallel = 1
+        self._n_batch = 512
+        self._kv_bytes = 0
+        self._sink: GenerationSink | None = None
+        self._inbox: queue.SimpleQueue[GenerationJob | None] = queue.SimpleQueue()
+        self._cancelled: set[int] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._waiting: list[GenerationJob] = []
+        self._active: dict[int, _Sequence] = {}
+        self._generated = 0
+        self._prompt_tokens = 0
+        self._closed = False
+
+    # ------------------------------------------------------------------ load
+
+    @property
+    def context_length(self) -> int:
+        """Tokens one sequence may hold (``n_ctx``)."""
+        return self._n_ctx
+
+    def load(self, spec: RuntimeSpec) -> None:
+        """Map the GGUF file and create a context of ``parallel`` x ``n_ctx`` tokens."""
+        import llama_cpp
+
+        llama = self._llama = llama_cpp
+        _init_backend(llama)
+        path = find_model_file(Path(spec.version_dir), (".gguf",), spec.model_file)
+        dims = llama_dims(read_metadata(path))
+        n_ctx = int_option(spec, "n_ctx", 0) or min(dims.context_length, DEFAULT_MAX_CONTEXT)
+        self._parallel = parallel = max(1, int_option(spec, "parallel", 1))
+        self._n_batch = max(parallel, int_option(spec, "n_batch", 512))
+        threads = max(1, int_option(spec, "n_threads", 2))
+
+        mparams = llama.llama_model_default_params()
+        mparams.n_gpu_layers = int_option(spec, "n_gpu_layers", 0)
+        mparams.use_mmap = True
+        mparams.use_mlock = False
+        mparams.use_extra_bufts = False
+        self._model = llama.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise ValueError(f"llama.cpp could not load {path}")
+        self._vocab = llama.llama_model_get_vocab(self._model)
+
+        cparams = llama.llama_context_default_params()
+        cparams.n_ctx = n_ctx * parallel
+        cparams.n_batch = self._n_batch
+        cparams.n_ubatch = self._n_batch
+        cparams.n_seq_max = parallel
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.kv_unified = False  # each sequence its own n_ctx, no shared prefix expected
+        cparams.no_perf = True
+        self._ctx = llama.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            raise ValueError(
+                f"llama.cpp could not create a context of {n_ctx} tokens x {parallel} sequences"
+            )
+        self._n_ctx = llama.llama_n_ctx(self._ctx) // parallel
+        self._kv_bytes = self._n_ctx * parallel * dims.kv_bytes_per_token(KV_ELEMENT_BYTES)
+        self._batch = llama.llama_batch_init(self._n_batch, 0, 1)
+        self._load_template(llama)
+        self._warm_up()
+
+    def _load_template(self, llama: Any) -> None:
+        raw = llama.llama_model_chat_template(self._model, None)
+        self._bos_text = self._piece(llama.llama_vocab_bos(self._vocab), special=True)
+        self._eos_text = self._piece(llama.llama_vocab_eos(self._vocab), special=True)
+        if not raw:
+            return
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise InvalidInputError(f"the model's chat template refused the messages: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        self._template = env.from_string(raw.decode("utf-8", errors="replace"))
+
+    def _warm_up(self) -> None:
+        # One evaluated token allocates the compute buffers, so the footprint measured
+        # after the load includes them; the cache is emptied again.
+        llama = self._llama
+        token = llama.llama_vocab_bos(self._vocab)
+        self._set_batch([(token, 0, 0, True)])
+        if llama.llama_decode(self._ctx, self._batch) != 0:
+            raise ValueError("llama.cpp failed its warm-up decode")
+        llama.llama_memory_clear(llama.llama_get_memory(self._ctx), True)
+
+    # ------------------------------------------------------------------ jobs
+
+    def start(self, sink: GenerationSink) -> None:
+        """Start the generation thread."""
+        self._sink = sink
+        self._thread = threading.Thread(target=self._run, name="llama-generate", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: GenerationJob) -> None:
+        """Queue ``job`` for the generation thread."""
+        self._inbox.put(job)
+
+    def cancel(self, seq: int) -> None:
+        """Stop job ``seq`` at the thread's next step."""
+        with self._lock:
+            self._cancelled.add(seq)
+        self._inbox.put(None)  # wake the thread if it is idle
+
+    def stats(self) -> GenerationStats:
+        """Counters: tokens generated, prompt tokens, active jobs, KV-cache bytes."""
+        return GenerationStats(
+            generated_tokens=self._generated,
+            prompt_tokens=self._prompt_tokens,
+            active=len(self._active),
+            kv_cache_bytes=self._kv_bytes,
+            context_length=self._n_ctx,
+            parallel=self._parallel,
+        )
+
+    def close(self) -> None:
+        """Stop the thread, then free the context and the model."""
+        self._closed = True
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        llama = self._llama
+        if llama is None:
+            return
+        for s in self._active.values():
+            llama.llama_sampler_free(s.sampler)
+        self._active.clear()
+        if self._batch is not None:
+            llama.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            llama.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llama.llama_model_free(self._model)
+            self._model = None
+
+    # ------------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        while not self._closed:
+            block = not self._active and not self._waiting
+            try:
+                item = self._inbox.get(block=block)
+                while True:
+                    if item is not None:
+                        self._waiting.append(item)
+                    item = self._inbox.get_nowait()
+            except queue.Empty:
+                pass
+            if self._closed:
+                return
+            self._drop_cancelled()
+            self._admit()
+            if self._active:
+                try:
+                    self._step()
+                except Exception as exc:  # a decode failure fails the running jobs
+                    for s in list(self._active.values()):
+                        self._end(s)
+                        self._fail(s.job.seq, InternalError(f"generation failed: {exc}"))
+
+    def _drop_cancelled(self) -> None:
+        with self._lock:
+            cancelled, self._cancelled = self._cancelled, set()
+        if not cancelled:
+            return
+        self._waiting = [j for j in self._waiting if j.seq not in cancelled]
+        for s in list(self._active.values()):
+            if s.job.seq in cancelled:
+                self._end(s)
+
+    def _admit(self) -> None:
+        free = [i for i in range(self._parallel) if i not in self._active]
+        while free and self._waiting:
+            job = self._waiting.pop(0)
+            try:
+                prompt = self._tokenize(self._render(job))
+                check_context(len(prompt), job.max_tokens, self._n_ctx)
+            except ServerError as exc:
+                self._fail(job.seq, exc)
+                continue
+            slot = free.pop(0)
+            self._prompt_tokens += len(prompt)
+            self._active[slot] = _Sequence(
+                job, slot, prompt, self._sampler(job), TextStream(job.stop)
+            )
+
+    def _step(self) -> None:
+        llama = self._llama
+        entries: list[tuple[int, int, int, bool]] = []
+        room = self._n_batch
+        for s in self._active.values():
+            s.logits_index = -1
+            if s.fed < len(s.prompt):
+                take = min(room, len(s.prompt) - s.fed)
+                if take <= 0:
+                    continue
+                for i in range(s.fed, s.fed + take):
+                    last = i == len(s.prompt) - 1
+                    if last:
+                        s.logits_index = len(entries)
+                    entries.append((s.prompt[i], i, s.slot, last))
+                s.fed += take
+                s.position = s.fed
+                room -= take
+            elif room > 0:
+                s.logits_index = len(entries)
+                entries.append((s.last, s.position, s.slot, True))
+                s.position += 1
+                room -= 1
+        if not entries:
+            return
+        self._set_batch(entries)
+        rc = llama.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+        for s in list(self._active.values()):
+            if s.logits_index >= 0:
+                token = llama.llama_sampler_sample(s.sampler, self._ctx, s.logits_index)
+                self._generated += 1
+                self._accept(s, token)
+
+    def _accept(self, s: _Sequence, token: int) -> None:
+        llama = self._llama
+        s.generated += 1
+        s.last = token
+        if llama.llama_vocab_is_eog(self._vocab, token):
+            piece = s.stream.finish()
+            self._report(s, piece.text, [*piece.token_ids, token], FINISH_STOP)
+            self._end(s)
+            return
+        piece = s.stream.push(token, self._piece_bytes(token))
+        if piece.stopped:
+            self._report(s, piece.text, piece.token_ids, FINISH_STOP)
+            self._end(s)
+            return
+        full = s.position + 1 >= self._n_ctx
+        if (s.job.max_tokens is not None and s.generated >= s.job.max_tokens) or full:
+            rest = s.stream.finish()
+            self._report(s, piece.text + rest.text, piece.token_ids + rest.token_ids, FINISH_LENGTH)
+            self._end(s)
+            return
+        if piece.text:
+            self._report(s, piece.text, piece.token_ids, None)
+
+    def _report(self, s: _Sequence, text: str, ids: list[int], finish: str | None) -> None:
+        if self._sink is not None:
+            self._sink.chunk(s.job.seq, text, ids, finish, len(s.prompt), s.generated)
+
+    def _fail(self, seq: int, exc: ServerError) -> None:
+        if self._sink is not None:
+            self._sink.failed(seq, exc.code.value, exc.message)
+
+    def _end(self, s: _Sequence) -> None:
+        llama = self._llama
+        llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), s.slot, -1, -1)
+        llama.llama_sampler_free(s.sampler)
+        self._active.pop(s.slot, None)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _set_batch(self, entries: list[tuple[int, int, int, bool]]) -> None:
+        b = self._batch
+        b.n_tokens = len(entries)
+        for i, (token, pos, seq_id, logits) in enumerate(entries):
+            b.token[i] = token
+            b.pos[i] = pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq_id
+            b.logits[i] = 1 if logits else 0
+
+    def _sampler(self, job: GenerationJob) -> Any:
+        llama = self._llama
+        chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+        if job.temperature <= 0.0:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
+            return chain
+        if job.top_k > 0:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(job.top_k))
+        if job.top_p < 1.0:
+            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(job.top_p, 1))
+        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(job.temperature))
+        seed = llama.LLAMA_DEFAULT_SEED if job.seed is None else job.seed & 0xFFFFFFFF
+        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_dist(seed))
+        return chain
+
+    def _render(self, job: GenerationJob) -> str:
+        if job.messages is None:
+            return job.prompt or ""
+        if self._template is None:
+            raise InvalidInputError("this model has no chat template; send a prompt instead")
+        try:
+            text = self._template.render(
+                messages=[{"role": r, "content": c} for r, c in job.messages],
+                add_generation_prompt=True,
+                bos_token=self._bos_text,
+                eos_token=self._eos_text,
+            )
+        except ServerError:
+            raise
+        except Exception as exc:
+            raise InvalidInputError(f"the model's chat template failed: {exc}") from None
+        assert isinstance(text, str)
+        return text
+
+    def _tokenize(self, text: str) -> list[int]:
+        # As llama-cpp-python's own completion does: BOS if the model asks for it, and
+        # special tokens in the text (a rendered chat template) parsed as such.
+        llama = self._llama
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (llama.llama_token * n_max)()
+        n = llama.llama_tokenize(self._vocab, data, len(data), buf, n_max, True, True)
+        if n < 0:
+            raise InvalidInputError(f"the prompt needs {-n} tokens; it could not be tokenized")
+        if n == 0:
+            raise InvalidInputError("the prompt is empty")
+        return list(buf[:n])
+
+    def _piece_bytes(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = self._llama.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._llama.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+        return buf.raw[:n]
+
+    def _piece(self, token: int, *, special: bool) -> str:
+        if token < 0:
+            return ""
+        buf = ctypes.create_string_buffer(64)
+        n = self._llama.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
+        return buf.raw[: max(0, n)].decode("utf-8", errors="replace")
