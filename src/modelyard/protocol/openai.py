@@ -17,9 +17,10 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from modelyard.errors import InvalidInputError
+from modelyard.protocol.generate import MAX_PROMPT_CHARS
 
-MAX_PROMPT_CHARS = 1 << 20
-"""Characters of one prompt, or of all of a chat's message contents together."""
+MAX_EMBEDDING_CHARS = 1 << 20
+"""Characters of all of one embeddings request's texts together."""
 MAX_MESSAGES = 1024
 """Messages in one chat request."""
 MAX_STOP = 4
@@ -230,8 +231,8 @@ class EmbeddingBody(BaseModel):
         texts = [value] if isinstance(value, str) else value
         if not all(isinstance(t, str) for t in texts):
             raise ValueError("a string or a list of strings (token-id inputs are not supported)")
-        if sum(len(t) for t in texts) > MAX_PROMPT_CHARS:
-            raise ValueError(f"the inputs have more than {MAX_PROMPT_CHARS} characters")
+        if sum(len(t) for t in texts) > MAX_EMBEDDING_CHARS:
+            raise ValueError(f"the inputs have more than {MAX_EMBEDDING_CHARS} characters")
         return value
 
     def texts(self) -> list[str]:
