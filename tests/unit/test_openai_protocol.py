@@ -15,8 +15,8 @@ from modelyard.errors import (
     UnauthenticatedError,
 )
 from modelyard.frontends.openai_plane import COMPLETION_MAX_TOKENS, generate_request
+from modelyard.protocol.generate import MAX_PROMPT_CHARS
 from modelyard.protocol.openai import (
-    MAX_PROMPT_CHARS,
     ChatCompletionBody,
     CompletionBody,
     EmbeddingBody,
