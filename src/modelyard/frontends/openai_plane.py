@@ -173,6 +173,10 @@ class OpenAIPlane:
         """
         started = self.dp.clock.monotonic()
         name, version = split_model(body.model)
+        if self.dp.model_metadata(name, version).generative:  # refused without loading it
+            raise OpenAIRequestError(
+                f"model {name!r} generates text; embeddings need a text encoder", "model"
+            )
         meta = await self.dp.model_metadata_loaded(name, version, timeout_s)
         text_input = _text_input(name, meta.inputs)
         vector_output, tokens_output = _vector_outputs(name, meta.outputs)
