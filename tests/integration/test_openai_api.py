@@ -85,8 +85,8 @@ async def test_bad_requests_get_the_openai_error_object_with_a_4xx(
     plain: tuple[App, httpx.AsyncClient, openai.AsyncOpenAI],
 ) -> None:
     _, client, stock = plain
+    malformed: Any = [{"role": "user"}]  # no content: malformed on purpose
     with pytest.raises(openai.BadRequestError) as info:
-        malformed: Any = [{"role": "user"}]  # no content: malformed on purpose
         await stock.chat.completions.create(model="add", messages=malformed)
     assert info.value.status_code == 400
     assert info.value.param == "messages"
