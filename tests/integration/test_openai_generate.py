@@ -7,6 +7,7 @@ requests the model cannot serve are refused with OpenAI's error object and a 4xx
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ pytest.importorskip("gguf", reason="the llm extra installs gguf")
 pytest.importorskip("openai", reason="the test extra installs the openai client")
 import llama_cpp
 import openai
+
 from modelyard.examples.gguf_llama import SHAPES, write_llama_gguf
 
 N_CTX = 256
@@ -65,12 +67,23 @@ async def served(
 ) -> AsyncIterator[Served]:
     repo = served_file.parents[2]
     (repo / "add").symlink_to(model_root / "add", target_is_directory=True)
+    (repo / "tiny-long").symlink_to(repo / "tiny-llama", target_is_directory=True)
     models = [
         {
             "name": "tiny-llama",
             "path": "tiny-llama",
             "runtime": "llama_cpp",
             "generation": {"n_ctx": N_CTX, "n_threads": 2},
+            "timeout_s": 60,
+        },
+        {
+            # The same file with a long context and a queue of one: long streams hold
+            # its one sequence while a second request waits and a third is refused.
+            "name": "tiny-long",
+            "path": "tiny-long",
+            "runtime": "llama_cpp",
+            "generation": {"n_ctx": 2048, "n_threads": 2, "parallel": 1},
+            "max_queue_size": 1,
             "timeout_s": 60,
         },
         {"name": "add", "path": "add", "isolation": "inline"},
@@ -227,4 +240,32 @@ async def test_requests_the_model_cannot_serve_get_openai_errors(served: Served)
     assert again.usage is not None
     assert again.usage.completion_tokens == 2
     listed = [m.id for m in (await stock.models.list()).data]
-    assert listed == ["add", "tiny-llama"]
+    assert listed == ["add", "tiny-long", "tiny-llama"]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_full_queue_is_a_429_rate_limit_error(served: Served) -> None:
+    stock = served.stock
+
+    async def long_stream() -> Any:
+        return await stock.completions.create(
+            model="tiny-long", prompt=PROMPT, max_tokens=2000, temperature=0, stream=True
+        )
+
+    running = await long_stream()  # headers come with its first text: it holds the slot
+    queued = asyncio.create_task(long_stream())
+    try:
+        await asyncio.sleep(0.2)  # the second request reaches the queue
+        assert not queued.done()
+        with pytest.raises(openai.RateLimitError) as info:
+            await stock.completions.create(model="tiny-long", prompt=PROMPT, max_tokens=4)
+        assert info.value.status_code == 429
+        assert info.value.code == "overloaded"
+        assert info.value.response.headers["retry-after"]
+    finally:
+        await running.close()  # the slot passes to the queued request
+        second = await asyncio.wait_for(queued, 60)
+        await second.close()
+    done = await stock.completions.create(model="tiny-long", prompt=PROMPT, max_tokens=3)
+    assert done.usage is not None
+    assert done.usage.completion_tokens == 3
