@@ -35,7 +35,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from modelyard.runtimes.base import RuntimeSpec
-from modelyard.workers.factory import StartMethod, WorkerFactory, WorkerFactoryConfig
+from modelyard.workers.factory import WorkerFactory, WorkerFactoryConfig
+from modelyard.workers.handle import StartMethod
 from modelyard.workers.inline import InlineInstance
 from modelyard.workers.instance import StartRequest
 from modelyard.workers.process import ProcessInstance

@@ -7,4 +7,8 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 extras="test,llm"
 if [ "${MODELYARD_NO_TORCH:-0}" != "1" ]; then extras="test,torch,llm"; fi
+# The llm extra compiles llama.cpp (llama-cpp-python has no CPU wheel on PyPI): skip its
+# multimodal library, which modelyard does not use and which is most of the build. pip
+# keeps the built wheel in its cache, so a machine that keeps ~/.cache/pip builds it once.
+export CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}"
 .venv/bin/python -m pip install -q -e ".[${extras}]"

@@ -371,7 +371,8 @@ class App:
                 info.details.update(reading.as_details())
 
     def health_view(self) -> HealthView:
-        """Why the server and each model are (not) ready (typed; see :meth:`health_details`)."""
+        """Why the server and each model are (not) ready (typed; ``/v2/health/details``
+        converts it to JSON)."""
         factory = self._worker_factory
         if self.dataplane.is_serving:
             server_reason = ""
@@ -389,10 +390,6 @@ class App:
             models=[VersionView.of(r, now) for r in self.manager.records()],
         )
 
-    def health_details(self) -> dict[str, Any]:
-        """``GET /v2/health/details``: :meth:`health_view` as JSON."""
-        return self.health_view().to_json()
-
     def extra_routes(self) -> list[Any]:
         """Routes beside the protocol's (metrics, dashboard, admin)."""
         from modelyard.frontends.control import ControlPlane
@@ -400,7 +397,7 @@ class App:
         from modelyard.frontends.http.dashboard import dashboard_routes
         from modelyard.frontends.http.metrics import metrics_routes
 
-        control = ControlPlane(self.manager, self.versions, self.health_details)
+        control = ControlPlane(self.manager, self.versions, self.health_view)
         return [*admin_routes(control), *metrics_routes(self.metrics), *dashboard_routes(self)]
 
     async def stop(self) -> None:

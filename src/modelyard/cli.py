@@ -50,8 +50,13 @@ def _serve(args: argparse.Namespace) -> int:
 def _example(args: argparse.Namespace) -> int:
     from modelyard.examples.repository import build_example_repository
 
+    llm_sizes: tuple[str, ...] | None = None
+    if args.no_llm:
+        llm_sizes = ()
+    elif args.llm_medium:
+        llm_sizes = ("tiny", "small", "medium")
     config = build_example_repository(
-        Path(args.dir), include_minilm=False if args.no_minilm else None
+        Path(args.dir), include_minilm=False if args.no_minilm else None, llm_sizes=llm_sizes
     )
     print(f"example repository ready: {config}")
     print(f"start it with: modelyard serve --config {config}")
@@ -202,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
     example = sub.add_parser("example", help="build an example model repository locally")
     example.add_argument("dir", help="folder to build it in")
     example.add_argument("--no-minilm", action="store_true", help="skip the MiniLM encoder")
+    example.add_argument(
+        "--no-llm", action="store_true", help="skip the GGUF text generators (llm extra)"
+    )
+    example.add_argument(
+        "--llm-medium", action="store_true", help="also write the 250 MB GGUF text generator"
+    )
     example.set_defaults(func=_example)
 
     client = argparse.ArgumentParser(add_help=False)

@@ -1,8 +1,11 @@
-"""Fault models for the worker-isolation tests, loaded with ``runtime: python``.
+"""The one set of fault models for tests, loaded with ``runtime: python``. Real processes,
+fake faults.
 
-Load them with ``version_dir`` = this folder and ``python_class="fault_models:<Class>"``
-(the python runtime puts the version folder on ``sys.path``). Inputs choose the fault,
-so the warm-up batch (zeros) always behaves.
+The worker tests load them with ``version_dir`` = this folder and
+``python_class="fault_models:<Class>"`` (the python runtime puts the version folder on
+``sys.path``); the server tests copy this file into a model repository (``model_root``
+in ``tests/integration/conftest.py``). Inputs choose the fault, so the warm-up batch
+(zeros) always behaves.
 """
 
 from __future__ import annotations
@@ -19,6 +22,16 @@ from modelyard.runtimes.base import TensorSpec
 
 MIB = 1024 * 1024
 
+_X = [TensorSpec("x", "FP32", (-1, 1))]
+_Y = [TensorSpec("y", "FP32", (-1, 1))]
+
+# What x asks of FaultyModel.
+CRASH = 1.0
+HANG = 2.0
+FAIL = 3.0
+SLOW = 4.0
+
+# What ``action`` asks of CrashingModel.
 BEHAVE = 0
 EXIT = 1
 """``os._exit(3)``."""
@@ -47,6 +60,37 @@ def _send_not_a_message() -> None:
             pass
         finally:
             sock.detach()
+
+
+class EchoModel:
+    """``y = x``; a baseline that behaves."""
+
+    inputs = _X
+    outputs = _Y
+
+    def load(self, version_dir: str) -> None:
+        """Nothing to load."""
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Echo."""
+        return {"y": inputs["x"].astype(np.float32)}
+
+
+class FaultyModel(EchoModel):
+    """Echo, but x == 1 kills the process, 2 hangs, 3 raises, 4 sleeps 0.3 s."""
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Misbehave as the input asks."""
+        x = inputs["x"]
+        if np.any(x == CRASH):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if np.any(x == HANG):
+            time.sleep(3600)
+        if np.any(x == FAIL):
+            raise RuntimeError("failing on demand")
+        if np.any(x == SLOW):
+            time.sleep(0.3)
+        return {"y": x.astype(np.float32)}
 
 
 class CrashingModel:
@@ -89,21 +133,23 @@ class HangingModel:
 
 
 class LeakyModel:
-    """Each call allocates and keeps ``mb`` (one INT32) MiB more; returns the total kept."""
+    """Each call allocates and keeps ``x`` (FP32 [batch, 1], the first value) MiB more, every
+    page touched; returns the MiB kept in all, one row per input row."""
 
-    inputs = [TensorSpec("mb", "INT32", (1,))]
-    outputs = [TensorSpec("held_mb", "INT64", (1,))]
+    inputs = _X
+    outputs = [TensorSpec("held_mb", "INT64", (-1, 1))]
 
     def __init__(self) -> None:
         self._hoard: list[np.ndarray] = []
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Allocate, touch every page, keep it."""
-        mb = int(inputs["mb"].reshape(-1)[0])
+        x = inputs["x"]
+        mb = int(x.reshape(-1)[0])
         if mb > 0:
             self._hoard.append(np.ones(mb * MIB, dtype=np.uint8))
         held = sum(a.nbytes for a in self._hoard) // MIB
-        return {"held_mb": np.array([held], dtype=np.int64)}
+        return {"held_mb": np.full((x.shape[0], 1), held, dtype=np.int64)}
 
 
 class FailingLoadModel:
@@ -111,7 +157,7 @@ class FailingLoadModel:
 
     def load(self, version_dir: str) -> None:
         """Fail with a message the test looks for."""
-        raise RuntimeError("weights are corrupt: checksum mismatch")
+        raise RuntimeError("weights are corrupt: checksum mismatch; this model refuses to load")
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Never reached."""

@@ -16,8 +16,9 @@ import pytest
 
 from modelyard.app import App
 from modelyard.examples.mlp import build_mlp_onnx
-from tests.fakes.models import SLOW
+from tests.fakes.fault_models import SLOW
 from tests.integration.conftest import python_model
+from tests.polling import wait_until
 from tests.servers import running_server, write_config
 
 MIB = 1024 * 1024
@@ -128,7 +129,9 @@ async def test_a_victim_with_requests_in_flight_drains_first(
         in_flight = [
             asyncio.create_task(client.post("/v2/models/faulty/infer", json=slow)) for _ in range(3)
         ]
-        await asyncio.sleep(0.1)
+        slow_scheduler = app.manager.resolve("faulty", None).scheduler
+        assert slow_scheduler is not None
+        await wait_until(lambda: slow_scheduler.pending == 3, what="the three slow requests are in")
         r = await _infer(client, "mlp20-0")
         assert r.status_code == 200, r.text
         for task in in_flight:

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from modelyard.examples.mlp import build_mlp_onnx
-from tests.fakes.models import CRASH, HANG, SLOW
+from tests.fakes.fault_models import CRASH, HANG, SLOW
 from tests.fakes.slow_load_model import LOAD_S
 from tests.integration.conftest import python_model
 from tests.servers import running_server, write_config

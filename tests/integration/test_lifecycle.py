@@ -19,6 +19,7 @@ from modelyard.app import App
 from modelyard.examples.mlp import build_add_onnx
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from tests.polling import wait_until
 from tests.servers import running_server, write_config
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
@@ -55,11 +56,8 @@ async def index_row(client: httpx.AsyncClient, name: str) -> dict[str, Any]:
 
 async def wait_for_state(app: App, name: str, state: str, within_s: float = 10.0) -> None:
     """Poll until ``name``'s default version is in ``state``."""
-    give_up = time.monotonic() + within_s
     record = app.manager.resolve(name, None)
-    while record.state.value != state:
-        assert time.monotonic() < give_up, f"{name} is {record.state.value}, not {state}"
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: record.state.value == state, within_s, what=f"{name} is {state}")
 
 
 def _descendants() -> set[int]:

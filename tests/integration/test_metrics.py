@@ -6,9 +6,8 @@ refused load, and (with process isolation) a worker crash and its restart.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from modelyard.observability.metrics import Metrics
+from tests.polling import wait_until
 from tests.servers import running_server, write_config
 
 MIB = 1024 * 1024
@@ -71,12 +71,6 @@ def fake(root: Path, name: str, cls: str, **fields: object) -> dict[str, object]
     module = name.replace("-", "_") + "_model"
     path = str(root / name)
     return {"path": path, "runtime": "python", "class": f"{module}:{cls}", **fields}
-
-
-async def wait_for(check: Callable[[], Awaitable[bool]], timeout_s: float = 20.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not await check():
-            await asyncio.sleep(0.05)
 
 
 # --------------------------------------------------------------------------- tests
@@ -172,7 +166,7 @@ async def test_a_scripted_session_moves_every_metric(session_config: Path) -> No
             m = await scrape(client)
             return get(m, "modelyard_model_state", **a, state="UNLOADED") == 1
 
-        await wait_for(evicted)
+        await wait_until(evicted, 20.0, interval_s=0.05)
         m = await scrape(client)
         assert get(m, "modelyard_model_evictions_total", **a) == 1
         assert get(m, "modelyard_model_unloads_total", **a) == 1
@@ -226,7 +220,7 @@ async def test_a_worker_crash_and_restart_are_counted(model_root: Path, tmp_path
             m = await scrape(client)
             return get(m, "modelyard_model_restarts_total", **faulty) == 1
 
-        await wait_for(restarted)
+        await wait_until(restarted, 20.0, interval_s=0.05)
         m = await scrape(client)
         assert get(m, "modelyard_model_crashes_total", **faulty) == 1
         assert get(m, "modelyard_inference_requests_total", **faulty, code="worker_crashed") == 1

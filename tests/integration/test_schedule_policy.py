@@ -17,8 +17,9 @@ import pytest
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from modelyard.scheduling.scheduler import ModelScheduler
-from tests.fakes.models import SLOW
+from tests.fakes.fault_models import SLOW
 from tests.integration.conftest import python_model
+from tests.polling import wait_until
 from tests.servers import running_server, write_config
 
 OK = "ok"
@@ -141,13 +142,17 @@ async def test_every_route_honours_the_clients_timeout(routes: Routes, case: str
 
 async def test_grpc_honours_its_own_deadline(routes: Routes) -> None:
     assert await routes.send("grpc", SLOW, deadline_s=SHORT_MS / 1000) == DEADLINE
+
     # The server gave up too (its deadline or the RPC's cancellation), rather than
     # finishing work nobody waits for.
-    for _ in range(50):
+    def gave_up() -> bool:
         counters = routes.scheduler.counters
-        if counters["expired_running"] + counters["expired_queued"] + counters["cancelled"]:
-            break
-        await asyncio.sleep(0.02)
+        return bool(
+            counters["expired_running"] + counters["expired_queued"] + counters["cancelled"]
+        )
+
+    await wait_until(gave_up, timeout_s=5.0, what="the server gives the call up")
+    counters = routes.scheduler.counters
     assert counters["succeeded"] == 0, counters
     assert await routes.send("grpc", 0.5, deadline_s=5.0) == OK
 
@@ -161,9 +166,9 @@ async def test_every_route_honours_priority(routes: Routes, route: str) -> None:
         order.append(tag)
 
     blocker = asyncio.create_task(send("blocker", 1))
-    await asyncio.sleep(0.1)
+    await wait_until(lambda: routes.scheduler.pending == 1, what="the blocker runs")
     tasks = [asyncio.create_task(send(f"low{i}", 5)) for i in range(2)]
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: routes.scheduler.pending == 3, what="both low requests are queued")
     tasks += [asyncio.create_task(send(f"high{i}", 1)) for i in range(2)]
     await asyncio.gather(blocker, *tasks)
     assert order[0] == "blocker"

@@ -12,9 +12,17 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.fakes.models import FAIL, SLOW
+from modelyard.app import App
+from tests.fakes.fault_models import FAIL, SLOW
 from tests.integration.conftest import python_model
+from tests.polling import wait_until
 from tests.servers import running_server, write_config
+
+
+def _pending(app: App) -> int:
+    """Requests of ``faulty`` queued or running (0 before its scheduler exists)."""
+    scheduler = app.manager.resolve("faulty", None).scheduler
+    return 0 if scheduler is None else scheduler.pending
 
 
 def _x(value: float, priority: int | None = None, timeout_us: int | None = None) -> dict[str, Any]:
@@ -93,7 +101,7 @@ def slow_config(model_root: Path, tmp_path: Path) -> Path:
 
 
 async def test_priority_order_under_a_full_queue(slow_config: Path) -> None:
-    async with running_server(slow_config) as (_, client):
+    async with running_server(slow_config) as (app, client):
         order: list[str] = []
 
         async def send(tag: str, priority: int) -> None:
@@ -102,9 +110,9 @@ async def test_priority_order_under_a_full_queue(slow_config: Path) -> None:
             order.append(tag)
 
         blocker = asyncio.create_task(send("blocker", 1))
-        await asyncio.sleep(0.1)
+        await wait_until(lambda: _pending(app) == 1, what="the blocker runs")
         tasks = [asyncio.create_task(send(f"low{i}", 5)) for i in range(2)]
-        await asyncio.sleep(0.02)
+        await wait_until(lambda: _pending(app) == 3, what="both low requests are queued")
         tasks += [asyncio.create_task(send(f"high{i}", 1)) for i in range(2)]
         await asyncio.gather(blocker, *tasks)
         assert order[0] == "blocker"
@@ -113,9 +121,9 @@ async def test_priority_order_under_a_full_queue(slow_config: Path) -> None:
 
 
 async def test_queue_overflow_gives_429_and_server_stays_healthy(slow_config: Path) -> None:
-    async with running_server(slow_config) as (_, client):
+    async with running_server(slow_config) as (app, client):
         first = asyncio.create_task(client.post("/v2/models/faulty/infer", json=_x(SLOW)))
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: _pending(app) == 1, what="the first request runs")
         results = await asyncio.gather(
             *(client.post("/v2/models/faulty/infer", json=_x(SLOW)) for _ in range(8))
         )
@@ -131,11 +139,11 @@ async def test_queue_overflow_gives_429_and_server_stays_healthy(slow_config: Pa
 
 
 async def test_deadline_of_queued_and_running_requests(slow_config: Path) -> None:
-    async with running_server(slow_config) as (_, client):
+    async with running_server(slow_config) as (app, client):
         running = asyncio.create_task(
             client.post("/v2/models/faulty/infer", json=_x(SLOW, timeout_us=100_000))
         )
-        await asyncio.sleep(0.02)
+        await wait_until(lambda: _pending(app) == 1, what="the first request runs")
         t0 = time.monotonic()
         queued = await client.post("/v2/models/faulty/infer", json=_x(0.5, timeout_us=50_000))
         assert queued.status_code == 504, queued.text
@@ -181,16 +189,13 @@ async def test_circuit_breaker_opens_and_recovers(slow_config: Path) -> None:
 async def test_a_client_that_disconnects_has_its_queued_request_removed(slow_config: Path) -> None:
     async with running_server(slow_config) as (app, client):
         blocker = asyncio.create_task(client.post("/v2/models/faulty/infer", json=_x(SLOW)))
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: _pending(app) == 1, what="the blocker runs")
         with pytest.raises(httpx.ReadTimeout):
             await client.post("/v2/models/faulty/infer", json=_x(SLOW), timeout=0.1)
         assert (await blocker).status_code == 200
         scheduler = app.manager.resolve("faulty", None).scheduler
         assert scheduler is not None
-        for _ in range(50):
-            if scheduler.counters["cancelled"] == 1:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: scheduler.counters["cancelled"] == 1, timeout_s=1.0)
         counters = scheduler.counters
         assert counters["cancelled"] == 1
         assert counters["model_calls"] == 1, "only the blocker ran; the cancelled one never did"

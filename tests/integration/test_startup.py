@@ -103,7 +103,7 @@ async def test_a_preloaded_model_without_versions_fails_the_start(
     with pytest.raises(StartupError, match=r"models\[0\]\.path.*does not exist") as info:
         await app.start()
     assert "models[1].default_version: model 'wrong-default' has no version '5'" in str(info.value)
-    assert app.health_details()["fork_server_alive"] is False, "what started is stopped"
+    assert app.health_view().fork_server_alive is False, "what started is stopped"
 
 
 async def test_without_exit_on_error_failed_preloads_stay_in_the_index_as_failed(

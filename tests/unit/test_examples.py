@@ -27,7 +27,7 @@ from modelyard.examples import (
     train_iris_classifier,
 )
 from modelyard.examples.mlp import MIB
-from modelyard.examples.repository import pressure_sizes_mb
+from modelyard.examples.repository import llm_available, pressure_sizes_mb
 from modelyard.examples.sklearn_models import digits_data, iris_data
 
 SMALL_MLP_MB = 2.0
@@ -43,13 +43,16 @@ ALLOWED_MODEL_KEYS = {
     "timeout_s",
     "isolation",
     "share_weights",
+    "generation",
 }
+LLM_SIZES = ("tiny",) if llm_available() else ()
 EXAMPLE_MODELS = [
     *(f"digits-{kind}" for kind in DIGITS_CLASSIFIERS),
     "iris-logreg",
     "iris-skops",
     f"mlp-{SMALL_MLP_MB:g}mb",
     "identity",
+    *(f"llama-{size}" for size in LLM_SIZES),
 ]
 
 
@@ -73,7 +76,9 @@ def _models(config: dict[str, object]) -> dict[str, dict[str, object]]:
 def example_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example repository without MiniLM, built once for this module."""
     root = tmp_path_factory.mktemp("example-repo")
-    return build_example_repository(root, include_minilm=False, big_mlp_mb=SMALL_MLP_MB)
+    return build_example_repository(
+        root, include_minilm=False, big_mlp_mb=SMALL_MLP_MB, llm_sizes=LLM_SIZES
+    )
 
 
 @pytest.mark.parametrize("kind", DIGITS_CLASSIFIERS, ids=DIGITS_CLASSIFIERS)
@@ -125,7 +130,10 @@ def test_example_config_lists_every_model(example_config: Path) -> None:
     assert models["iris-skops"]["runtime"] == "sklearn"
     assert models["identity"]["isolation"] == "inline"
     lazy = {name for name, model in models.items() if not model["preload"]}
-    assert lazy == {"iris-skops", f"mlp-{SMALL_MLP_MB:g}mb"}
+    assert lazy == {"iris-skops", f"mlp-{SMALL_MLP_MB:g}mb", *(f"llama-{s}" for s in LLM_SIZES)}
+    for size in LLM_SIZES:
+        assert models[f"llama-{size}"]["runtime"] == "llama_cpp"
+        assert "memory_mb" not in models[f"llama-{size}"]  # estimated from the GGUF header
 
 
 def test_example_config_is_valid_server_settings(example_config: Path) -> None:
@@ -141,7 +149,7 @@ def test_example_repository_build_is_idempotent(example_config: Path) -> None:
     before = model_file.stat().st_mtime_ns
 
     again = build_example_repository(
-        example_config.parent, include_minilm=False, big_mlp_mb=SMALL_MLP_MB
+        example_config.parent, include_minilm=False, big_mlp_mb=SMALL_MLP_MB, llm_sizes=LLM_SIZES
     )
 
     assert again == example_config

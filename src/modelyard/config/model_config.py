@@ -170,4 +170,6 @@ class ModelConfig(BaseModel):
             raise ValueError("runtime 'python' needs 'class: module:Class'")
         if self.python_class and ":" not in self.python_class:
             raise ValueError("'class' must be 'module:Class'")
+        if self.is_generative and self.isolation != "process":
+            raise ValueError(f"runtime {self.runtime!r} runs in a worker process only")
         return self

@@ -128,10 +128,21 @@ def _learn_merges(text: str, count: int) -> list[tuple[str, str]]:
     return merges
 
 
+def printable_token(token: str) -> bool:
+    """True when a byte-level BPE token's bytes are printable ASCII or a newline."""
+    inverse = _inverse_table()
+    if any(c not in inverse for c in token):
+        return False
+    return all(0x20 <= inverse[c] < 0x7F or inverse[c] == 0x0A for c in token)
+
+
+def _inverse_table() -> dict[str, int]:
+    return {c: b for b, c in _bytes_to_unicode().items()}
+
+
 def vocabulary(merges: int = 500) -> tuple[list[str], list[str], list[int], list[bool]]:
     """``(tokens, merges, token_types, printable)`` of the example tokenizer."""
     table = _bytes_to_unicode()
-    inverse = {c: b for b, c in table.items()}
     tokens = [table[b] for b in range(256)]
     pairs = _learn_merges(CORPUS, merges)
     seen = set(tokens)
@@ -141,11 +152,7 @@ def vocabulary(merges: int = 500) -> tuple[list[str], list[str], list[int], list
             seen.add(a + b)
     types = [_NORMAL] * len(tokens) + [_CONTROL] * len(SPECIAL_TOKENS)
 
-    def is_printable(token: str) -> bool:
-        raw = bytes(inverse[c] for c in token)
-        return all(0x20 <= x < 0x7F or x == 0x0A for x in raw)
-
-    printable = [is_printable(t) for t in tokens] + [False] * len(SPECIAL_TOKENS)
+    printable = [printable_token(t) for t in tokens] + [False] * len(SPECIAL_TOKENS)
     return tokens + list(SPECIAL_TOKENS), [f"{a} {b}" for a, b in pairs], types, printable
 
 

@@ -59,6 +59,9 @@ class _Entry:
     timeout_s: float = 1.0
     isolation: str | None = None
     python_class: str | None = None
+    generation: dict[str, int] | None = None
+    """The ``generation:`` block of a generative model (its memory is then estimated
+    from the GGUF header, so no ``memory_mb`` is declared)."""
 
 
 def _estimate_memory_mb(version_dir: Path) -> float:
@@ -100,12 +103,15 @@ def _materialise(root: Path, entry: _Entry) -> dict[str, Any]:
         "name": entry.name,
         "path": entry.name,
         "runtime": entry.runtime,
-        "memory_mb": _estimate_memory_mb(version_dir),
         "preload": entry.preload,
         "max_batch_size": entry.max_batch_size,
         "priority": entry.priority,
         "timeout_s": entry.timeout_s,
     }
+    if entry.generation is None:
+        item["memory_mb"] = _estimate_memory_mb(version_dir)
+    else:
+        item["generation"] = dict(entry.generation)
     if entry.isolation is not None:
         item["isolation"] = entry.isolation
     if entry.python_class is not None:
@@ -131,7 +137,38 @@ def _build(root: Path, entries: Iterable[_Entry], budget_mb: float) -> Path:
     return _write_config(root, [_materialise(root, e) for e in entries], budget_mb)
 
 
-def _example_entries(*, include_minilm: bool, big_mlp_mb: float) -> list[_Entry]:
+def llm_available() -> bool:
+    """True when the ``llm`` extra (llama-cpp-python and gguf) is installed."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("gguf", "llama_cpp"))
+
+
+def _llama_entry(size: str, seed: int) -> _Entry:
+    def build(path: Path) -> Path:
+        from modelyard.examples.gguf_llama import SHAPES, write_llama_gguf
+
+        return write_llama_gguf(path, SHAPES[size], seed=seed)
+
+    return _Entry(
+        name=f"llama-{size}",
+        file="model.gguf",
+        build=build,
+        runtime="llama_cpp",
+        preload=False,
+        max_batch_size=0,
+        timeout_s=30.0,
+        generation={"n_ctx": 1024, "parallel": 2, "n_threads": 2},
+    )
+
+
+LLM_SIZES = ("tiny", "small", "medium")
+"""The example GGUF models (about 10, 60 and 250 MB), smallest first."""
+
+
+def _example_entries(
+    *, include_minilm: bool, big_mlp_mb: float, llm_sizes: tuple[str, ...] = ()
+) -> list[_Entry]:
     """The models of :func:`build_example_repository`, in YAML order."""
     entries = [_digits_entry(kind) for kind in DIGITS_CLASSIFIERS]
     entries += [
@@ -153,6 +190,7 @@ def _example_entries(*, include_minilm: bool, big_mlp_mb: float) -> list[_Entry]
             isolation="inline",
         ),
     ]
+    entries += [_llama_entry(size, seed=i) for i, size in enumerate(llm_sizes)]
     if include_minilm:
         entries.append(
             _Entry(
@@ -191,7 +229,11 @@ def build_text_encoder(path: Path) -> Path:
 
 
 def build_example_repository(
-    root: Path, *, include_minilm: bool | None = None, big_mlp_mb: float = 50
+    root: Path,
+    *,
+    include_minilm: bool | None = None,
+    big_mlp_mb: float = 50,
+    llm_sizes: tuple[str, ...] | None = None,
 ) -> Path:
     """Build the example repository in ``root`` and return its ``modelyard.yaml``.
 
@@ -200,12 +242,19 @@ def build_example_repository(
     on demand); ``mlp-<big_mlp_mb>mb`` (random-weight MLP with external data, on demand);
     ``identity`` (inline, for overhead measurements); and ``minilm`` (sentence embeddings,
     on demand) when ``include_minilm`` is true, or when it is ``None`` and the ``torch``
-    extra is installed. The CPU budget is 2048 MiB. Without MiniLM a fresh build takes a
-    few seconds; MiniLM adds about half a minute.
+    extra is installed; ``llama-<size>`` (random-weight llama GGUF text generators of
+    about 10, 60 and 250 MB, on demand) for ``llm_sizes``, by default ``tiny`` and
+    ``small`` when the ``llm`` extra is installed. The CPU budget is 2048 MiB. Without
+    MiniLM a fresh build takes a few seconds; MiniLM adds about half a minute, the 250 MB
+    GGUF a few seconds.
     """
     if include_minilm is None:
         include_minilm = minilm_available()
-    entries = _example_entries(include_minilm=include_minilm, big_mlp_mb=big_mlp_mb)
+    if llm_sizes is None:
+        llm_sizes = LLM_SIZES[:2] if llm_available() else ()
+    entries = _example_entries(
+        include_minilm=include_minilm, big_mlp_mb=big_mlp_mb, llm_sizes=llm_sizes
+    )
     return _build(root, entries, DEFAULT_BUDGET_MB)
 
 

@@ -9,12 +9,12 @@ an import-linter contract keeps ``frontends.http`` and ``frontends.grpc`` off
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import DEFAULT_ALIAS
-from modelyard.manager.stats import manager_stats
+from modelyard.manager.stats import ManagerView
 from modelyard.manager.versions import VersionController
+from modelyard.observability.health import HealthView
 from modelyard.protocol.names import check_model_name, check_version_name
 
 __all__ = ["DEFAULT_ALIAS", "ControlPlane"]
@@ -27,19 +27,20 @@ class ControlPlane:
         self,
         manager: ModelManager,
         versions: VersionController,
-        health_details: Callable[[], dict[str, Any]],
+        health_view: Callable[[], HealthView],
     ) -> None:
         self._manager = manager
         self._versions = versions
-        self._health_details = health_details
+        self._health_view = health_view
 
-    def stats(self) -> dict[str, Any]:
-        """The ``/v2/stats`` view: models, devices and recent events."""
-        return manager_stats(self._manager)
+    def stats(self) -> ManagerView:
+        """The ``/v2/stats`` view: models, devices and recent events (typed; the route
+        converts it to JSON)."""
+        return ManagerView.of(self._manager)
 
-    def health_details(self) -> dict[str, Any]:
-        """Why the server and each model are (not) ready; ``"ready"`` is the server's."""
-        return self._health_details()
+    def health_details(self) -> HealthView:
+        """Why the server and each model are (not) ready (typed; the route converts it)."""
+        return self._health_view()
 
     def set_pinned(self, name: str, pinned: bool) -> str:
         """Pin (never evicted) or unpin every version of a model, later ones included; its

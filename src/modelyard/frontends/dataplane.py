@@ -8,7 +8,7 @@ model's scheduler, and wraps the outputs. It never touches a worker directly.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import numpy as np
@@ -19,21 +19,20 @@ from modelyard.config.limits import LimitsConfig
 from modelyard.errors import (
     DeadlineExceededError,
     ErrorCode,
-    InternalError,
     InvalidInputError,
     ModelNotReadyError,
     PayloadTooLargeError,
     ServerError,
     hide_paths,
 )
-from modelyard.manager.llm_memory import context_length_of
+from modelyard.frontends.generation import Generation, context_length
 from modelyard.manager.manager import ModelManager
-from modelyard.manager.records import ModelKey, ModelRecord
+from modelyard.manager.records import ModelRecord
 from modelyard.manager.router import Router
 from modelyard.manager.states import ModelState
 from modelyard.observability.metrics import OK, Metrics
 from modelyard.protocol.documents import json_object
-from modelyard.protocol.generate import GenerateChunk, GenerateRequest, check_generate_request
+from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.protocol.limits import count_elements
 from modelyard.protocol.names import check_model_name, check_version_name
 from modelyard.protocol.predict import predict_answer, predict_call, predict_inputs
@@ -49,8 +48,7 @@ from modelyard.protocol.types import (
     header_timeout_s,
 )
 from modelyard.runtimes.base import TensorSpec
-from modelyard.scheduling.generation_gate import GenerationGate
-from modelyard.workers.instance import GenerationCounters, GenerativeInstance
+from modelyard.workers.instance import GenerationCounters
 
 SERVER_NAME = "modelyard"
 EXTENSIONS = ("model_repository", "binary_tensor_data", "schedule_policy", "statistics")
@@ -119,7 +117,11 @@ class DataPlane:
         """Largest encoded response; the front ends check it after encoding."""
         self.is_serving = False
         """Set by the app once start-up finished; cleared when shutdown starts."""
-        self._gates: dict[ModelKey, GenerationGate] = {}
+        self.generation = Generation(
+            manager, self.router, metrics, self.clock, self.check_response_bytes
+        )
+        """Text generation for generative models (``llama_cpp``, ``transformers``)."""
+        self.generation.is_serving = self.ready
 
     def _load_waited(self, record: ModelRecord, seconds: float) -> None:
         if self.metrics is not None:
@@ -157,19 +159,8 @@ class DataPlane:
             inputs=() if info is None else _tensors(info.inputs),
             outputs=() if info is None else _tensors(info.outputs),
             generative=record.config.is_generative,
-            context_length=self._context_length(record),
+            context_length=context_length(record),
         )
-
-    @staticmethod
-    def _context_length(record: ModelRecord) -> int | None:
-        if not record.config.is_generative:
-            return None
-        info = record.info
-        if info is not None and isinstance(info.details.get("context_length"), int):
-            n_ctx = info.details["context_length"]
-            assert isinstance(n_ctx, int)
-            return n_ctx
-        return context_length_of(record)
 
     def generative_models(self) -> list[ModelMetadata]:
         """Metadata of every configured generative model (its default version), loaded
@@ -255,6 +246,10 @@ class DataPlane:
         timeout_s = call.timeout_s
         if timeout_ms is not None:
             timeout_s = earliest(timeout_s, header_timeout_s(timeout_ms))
+        if self.generation.is_generative(call.model):
+            return await self.generation.predict_text(
+                doc, call.model, call.version, call.priority, timeout_s
+            )
         meta = await self.model_metadata_loaded(call.model, call.version, timeout_s)
         inputs = predict_inputs(doc, call.model, meta.inputs)
         if timeout_s is not None:
@@ -361,146 +356,32 @@ class DataPlane:
 
     # ------------------------------------------------------------------ generation
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         """Generate text for ``request``, one :class:`GenerateChunk` per piece produced.
 
         An async generator; the last chunk carries ``finish_reason`` and the token counts.
-        Typed errors before the first chunk: ModelNotFoundError (unknown model),
+        Typed errors before the first chunk: ModelNotFoundError (unknown model, 404),
         InvalidInputError (not a generative model; a prompt or ``max_tokens`` beyond the
-        context, with the arithmetic), OverloadedError (queue full),
-        DeadlineExceededError (no first token by the deadline). An error after the first
-        chunk is raised from the iterator (WorkerCrashedError when the worker died).
-        Closing the iterator early (the client went away) stops generation in the worker.
-
-        Deadlines: the first token must come within the model's ``timeout_s`` (a load
-        waited for does not count), and the client's ``timeout_s`` caps the whole stream.
+        context, with the arithmetic: 400), OverloadedError (queue full, 429),
+        DeadlineExceededError (no first token by the deadline, 504), MemoryBudgetError
+        (the model cannot fit, 503). An error after the first chunk is raised from the
+        iterator (WorkerCrashedError when the worker died). Closing the iterator early
+        (``aclose``: the client went away) stops generation in the worker.
+        See :meth:`modelyard.frontends.generation.Generation.generate`.
         """
-        if not self.is_serving:
-            raise ModelNotReadyError("server is not ready (starting or shutting down)")
-        started = self.clock.monotonic()
-        name = check_model_name(request.model)
-        record = self.manager.resolve(name, check_version_name(request.version))
-        if not record.config.is_generative:
-            raise InvalidInputError(
-                f"model {request.model!r} does not generate text (runtime "
-                f"{record.config.runtime!r}); use the inference API"
-            )
-        check_generate_request(request)
-        client_timeout_s = request.timeout_s
-        if client_timeout_s is not None and client_timeout_s <= 0:
-            raise InvalidInputError("'timeout' must be positive")
-        self._check_max_tokens(record, request)
-        metrics = self.metrics
-        code: str = OK
-        first_at: float | None = None
-        last: GenerateChunk | None = None
-        try:
-            async with self.router.route(
-                record,
-                started=started,
-                timeout_s=record.config.timeout_s,
-                client_timeout_s=client_timeout_s,
-            ) as route:
-                self._check_max_tokens(record, request)
-                gate = self._gate(record)
-                priority = record.config.priority if request.priority is None else request.priority
-                async with gate.slot(priority, route.deadline):
-                    instance = record.instance
-                    if not isinstance(instance, GenerativeInstance):
-                        raise ModelNotReadyError(f"model {record.key} is not ready")
-                    end = None if client_timeout_s is None else started + client_timeout_s
-                    stream = instance.generate(request)
-                    try:
-                        while True:
-                            limit = route.deadline if first_at is None else end
-                            chunk = await self._next_chunk(record, stream, limit, first_at)
-                            if first_at is None:
-                                first_at = self.clock.monotonic()
-                            last = chunk
-                            yield chunk
-                            if chunk.finish_reason is not None:
-                                return
-                    finally:
-                        await stream.aclose()  # early: cancels generation in the worker
-        except ServerError as exc:
-            code = exc.code
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
-            code = ErrorCode.CANCELLED
-            raise
-        except Exception:
-            code = ErrorCode.INTERNAL
-            raise
-        finally:
-            if metrics is not None:
-                now = self.clock.monotonic()
-                metrics.request_done(record.key.name, record.key.version, code, now - started)
-                if last is not None and first_at is not None:
-                    metrics.generation_done(
-                        record.key.name,
-                        record.key.version,
-                        ttft_s=first_at - started,
-                        decode_s=now - first_at,
-                        prompt_tokens=last.prompt_tokens,
-                        completion_tokens=last.completion_tokens,
-                    )
+        return self.generation.generate(request)
 
-    async def _next_chunk(
-        self,
-        record: ModelRecord,
-        stream: AsyncIterator[GenerateChunk],
-        deadline: float | None,
-        first_at: float | None,
-    ) -> GenerateChunk:
-        timeout = None if deadline is None else deadline - self.clock.monotonic()
-        try:
-            async with asyncio.timeout(None if timeout is None else max(0.0, timeout)):
-                return await anext(stream)
-        except TimeoutError:
-            what = "its first token" if first_at is None else "the end of its stream"
-            raise DeadlineExceededError(
-                f"model {record.key} did not produce {what} by the request's deadline"
-            ) from None
-        except StopAsyncIteration:
-            raise InternalError(f"model {record.key} ended a stream without a finish") from None
-
-    def _check_max_tokens(self, record: ModelRecord, request: GenerateRequest) -> None:
-        # The worker checks prompt + max_tokens once the prompt is tokenized; a
-        # max_tokens that alone exceeds the context is refused before any queueing.
-        n_ctx = self._context_length(record)
-        wanted = request.sampling.max_tokens
-        if n_ctx is not None and wanted is not None and wanted >= n_ctx:
-            raise InvalidInputError(
-                f"max_tokens {wanted} + a prompt of at least 1 token > the context of "
-                f"{n_ctx} tokens per sequence of model {record.key.name!r}: ask for at most "
-                f"{n_ctx - 1} new tokens"
-            )
-
-    def _gate(self, record: ModelRecord) -> GenerationGate:
-        gate = self._gates.get(record.key)
-        if gate is None:
-            cfg = record.config
-            gate = GenerationGate(
-                str(record.key), cfg.generation.parallel, cfg.max_queue_size, self.clock
-            )
-            self._gates[record.key] = gate
-        return gate
-
-    def generation_gate(self, name: str, version: str) -> GenerationGate | None:
-        """The admission gate of a generative model version (None before its first
-        request): its running and queued streams."""
-        return self._gates.get(ModelKey(name, version))
+    async def generate_text(self, request: GenerateRequest) -> dict[str, object]:
+        """The whole generation as one answer (see
+        :meth:`modelyard.frontends.generation.Generation.generate_text`)."""
+        return await self.generation.generate_text(request)
 
     async def generation_counters(
         self, name: str, version: str | None = None
     ) -> GenerationCounters:
-        """The worker's own counters of a loaded generative model (tokens it generated,
+        """The worker's own counters of a loaded generative model (tokens generated,
         active sequences, KV-cache bytes); ModelNotReadyError when it is not loaded."""
-        record = self.manager.resolve(check_model_name(name), check_version_name(version))
-        instance = record.instance
-        if not record.is_ready or not isinstance(instance, GenerativeInstance):
-            raise ModelNotReadyError(f"model {record.key} is not a loaded generative model")
-        return await instance.generation_counters()
+        return await self.generation.counters(name, version)
 
     # ------------------------------------------------------------------ repository
 

@@ -28,7 +28,7 @@ KV_ELEMENT_BYTES = 2
 DEFAULT_MAX_CONTEXT = 4096
 """The context a model gets without ``n_ctx``: its trained length, at most this (the same
 rule as ``runtimes/llama_cpp.py``)."""
-RUNTIME_OVERHEAD_BYTES = 24 * _MIB
+RUNTIME_OVERHEAD_BYTES = 28 * _MIB
 """llama.cpp's libraries and the worker's own allocations, measured on the example models."""
 
 

@@ -276,7 +276,7 @@ class Loader:
             intra_op_threads=cfg.intra_op_threads,
             share_weights=cfg.share_weights,
             device=cfg.device,
-            options=dict(cfg.options),
+            options=_runtime_options(cfg),
             model_file=record.model_file,
         )
         warmup = (
@@ -288,6 +288,9 @@ class Loader:
         elif record.measured_bytes:
             # A margin over what the model was measured to need last time.
             limit = int(record.measured_bytes * 2 + 256 * _MIB)
+            # Mapped weight files are not in the measured footprint, but their pages
+            # count in the worker's private memory while it is their only mapper.
+            limit += sum(f.size for f in self._admission.mapped_files(record))
         try:
             info = await instance.start(StartRequest(spec, warmup, limit))
         except ServerError:
@@ -363,3 +366,15 @@ class Loader:
                 log.warning("restart %d of %s failed: %s", attempt + 1, record.key, exc)
         self._admission.release(record)
         self.fail(record, f"worker died ({reason}); restarts failed", "restart_failed")
+
+
+def _runtime_options(cfg: ModelConfig) -> dict[str, str]:
+    """The runtime's options: the config's, plus a generative model's ``generation:``
+    settings (n_ctx, n_threads, n_gpu_layers, parallel, n_batch) as strings."""
+    options = dict(cfg.options)
+    if cfg.is_generative:
+        gen = cfg.generation
+        for key, value in gen.model_dump().items():
+            if value is not None:
+                options[key] = str(value)
+    return options

@@ -193,13 +193,3 @@ class ManagerView:
             "eviction_policy": self.eviction_policy,
             "events": [e.to_dict() for e in self.events],
         }
-
-
-def record_stats(record: ModelRecord, now: float) -> dict[str, Any]:
-    """``/v2/stats``'s entry of one model version (``now`` on the manager's clock)."""
-    return VersionView.of(record, now).stats_json()
-
-
-def manager_stats(manager: ModelManager) -> dict[str, Any]:
-    """The ``/v2/stats`` document: every model version and every device budget."""
-    return ManagerView.of(manager).stats_json()

@@ -71,6 +71,9 @@ class ManagerCollector:
                         value = memory.get(f"{kind}_bytes")
                         if isinstance(value, int | float):
                             f["modelyard_worker_memory_bytes"].add_metric([*mv, kind], value)
+                kv = details.get("kv_cache_bytes")
+                if isinstance(kv, int):
+                    f["modelyard_generation_kv_cache_bytes"].add_metric(mv, kv)
         for dev in self._manager.budget.devices.values():
             f["modelyard_device_memory_budget_bytes"].add_metric([dev.name], dev.budget_bytes)
             f["modelyard_device_memory_reserved_bytes"].add_metric([dev.name], dev.reserved_bytes)
@@ -110,6 +113,9 @@ class ManagerCollector:
             g("modelyard_worker_memory_bytes",
               "Memory of the version's worker as it reported it, by kind (rss, uss, pss, swap).",
               labels=[*mv, "kind"]),
+            g("modelyard_generation_kv_cache_bytes",
+              "KV cache a generative model's worker holds (n_ctx x parallel sequences).",
+              labels=mv),
             g("modelyard_device_memory_budget_bytes", "Bytes loaded models may hold on the device.",
               labels=["device"]),
             g("modelyard_device_memory_reserved_bytes", "Bytes reserved on the device's budget.",

@@ -10,7 +10,9 @@ sampling and stopping mean the same thing on every API.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from modelyard.errors import InvalidInputError
 
@@ -82,6 +84,8 @@ class GenerateChunk:
     """``"stop"`` | ``"length"`` on the last chunk; None while streaming."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    model_version: str = ""
+    """The version that generated it (set by the data plane; an alias resolves to one)."""
 
 
 MAX_PROMPT_CHARS = 128 * 1024
@@ -112,7 +116,11 @@ def check_generate_request(request: GenerateRequest) -> None:
         raise InvalidInputError(
             f"the prompt is {size} characters; at most {MAX_PROMPT_CHARS} are accepted"
         )
-    s = request.sampling
+    check_sampling(request.sampling)
+
+
+def check_sampling(s: SamplingParams) -> None:
+    """InvalidInputError unless every sampling parameter is in range."""
     if s.max_tokens is not None and (
         isinstance(s.max_tokens, bool) or not isinstance(s.max_tokens, int) or s.max_tokens < 1
     ):
@@ -137,3 +145,35 @@ def check_generate_request(request: GenerateRequest) -> None:
 
 def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+SAMPLING_KEYS = frozenset(
+    {"max_tokens", "temperature", "top_p", "top_k", "seed", "random_seed", "stop", "stop_words"}
+)
+"""The sampling parameters the KServe generate extension and ``/predict`` read."""
+
+
+def sampling_from_params(params: Mapping[str, Any]) -> SamplingParams:
+    """:class:`SamplingParams` from a generate request's ``parameters`` (Triton's names
+    too: ``random_seed``, ``stop_words``); InvalidInputError for a value of the wrong type.
+    Unknown keys are left to the caller (``stream``, ``priority``, ``timeout``)."""
+    stop = params.get("stop", params.get("stop_words"))
+    if stop is None or stop == "":
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    elif isinstance(stop, list) and all(isinstance(x, str) for x in stop):
+        stops = tuple(stop)
+    else:
+        raise InvalidInputError("'stop' must be a string or a list of strings")
+    seed = params.get("seed", params.get("random_seed"))
+    sampling = SamplingParams(
+        max_tokens=params.get("max_tokens"),
+        temperature=params.get("temperature", 1.0),
+        top_p=params.get("top_p", 1.0),
+        top_k=params.get("top_k", 0),
+        seed=seed,
+        stop=stops,
+    )
+    check_sampling(sampling)
+    return sampling

@@ -5,17 +5,22 @@ from __future__ import annotations
 from modelyard.runtimes.base import Runtime, RuntimeSpec, TensorSpec
 from modelyard.runtimes.generation import GenerativeRuntime
 
-GENERATIVE_KINDS = frozenset({"llama_cpp"})
+GENERATIVE_KINDS = frozenset({"llama_cpp", "transformers"})
 """Runtimes that generate text (:func:`create_generative_runtime`), not tensors."""
 
 
 def create_generative_runtime(kind: str) -> GenerativeRuntime:
-    """A new, unloaded generative runtime of ``kind`` (``llama_cpp``)."""
+    """A new, unloaded generative runtime of ``kind`` (``llama_cpp``, ``transformers``)."""
     if kind == "llama_cpp":
         from modelyard.runtimes.llama_cpp import LlamaCppRuntime
 
         runtime: GenerativeRuntime = LlamaCppRuntime()
         return runtime
+    if kind == "transformers":
+        from modelyard.runtimes.hf_causal_lm import CausalLMRuntime
+
+        hf_runtime: GenerativeRuntime = CausalLMRuntime()
+        return hf_runtime
     raise ValueError(f"unknown generative runtime {kind!r}")
 
 

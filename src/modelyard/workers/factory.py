@@ -21,16 +21,15 @@ import asyncio
 import itertools
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Literal
 
 from modelyard.workers.channel import SharedRegion, socket_pair
 from modelyard.workers.forkserver import DEFAULT_PRELOAD
+from modelyard.workers.handle import StartMethod, WorkerHandle, WorkerStartError
 from modelyard.workers.limits import BackendChoice, MemoryLimiter, detect_limiter
 from modelyard.workers.messages import (
     ForkServerReady,
@@ -46,12 +45,7 @@ from modelyard.workers.messages import (
 
 _log = logging.getLogger(__name__)
 
-StartMethod = Literal["fork", "spawn"]
 _THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-class WorkerStartError(OSError):
-    """A worker process could not be started (fork server gone, fork failed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,55 +72,6 @@ class WorkerFactoryConfig:
     """How long ``stop()`` waits for a worker to exit before SIGKILL."""
     ready_timeout_s: float = 60.0
     """How long the fork server may take to import and report ready."""
-
-
-class WorkerHandle:
-    """One started worker process: its pid, a future of its exit code, and kill()."""
-
-    def __init__(
-        self,
-        pid: int,
-        exited: asyncio.Future[int | None],
-        proc: subprocess.Popen[bytes] | None = None,
-    ) -> None:
-        self.pid = pid
-        self.start_method: StartMethod = "fork" if proc is None else "spawn"
-        self.exited = exited
-        """Resolves to the return code (negative: killed by that signal); None if unknown."""
-        self._proc = proc
-        self._pidfd: int | None = None
-        if proc is None:
-            # The fork server reaps this pid, so it could in principle be reused before
-            # we hear of the exit; a pidfd names this process and no other.
-            try:
-                self._pidfd = os.pidfd_open(pid)
-            except (OSError, AttributeError):
-                self._pidfd = None
-
-    def kill(self) -> None:
-        """SIGKILL the worker unless it has already exited (pidfd: no pid-reuse race)."""
-        if self.exited.done():
-            return
-        try:
-            if self._proc is not None:
-                self._proc.kill()
-            elif self._pidfd is not None:
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-            else:
-                os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    @property
-    def pidfd(self) -> int | None:
-        """A pidfd of a forked worker (readable once it has exited); None if unsupported."""
-        return self._pidfd
-
-    def close(self) -> None:
-        """Release the pidfd (after the exit is known)."""
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
 
 
 class WorkerFactory:

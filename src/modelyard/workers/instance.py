@@ -7,7 +7,7 @@ process (``workers/process.py``) is the instance's business.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -92,7 +92,7 @@ class GenerationCounters:
 class GenerativeInstance(Protocol):
     """An instance of a generative model (``llama_cpp``, ``transformers``)."""
 
-    def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         """Stream the chunks of one generation; closing the iterator early cancels it in
         the worker. WorkerCrashedError from the iterator if the worker dies meanwhile."""
         ...

@@ -183,7 +183,10 @@ def _serve_generation(channel: BlockingChannel, first: Load) -> int:
         channel.send(Failed(first.seq, info))
         return 1
     sink = _ChannelSink(channel)
-    sink.send(Loaded(first.seq, (), (), False, load_s, runtime.context_length))
+    st = runtime.stats()
+    sink.send(
+        Loaded(first.seq, (), (), False, load_s, st.context_length, st.parallel, st.kv_cache_bytes)
+    )
     runtime.start(sink)
     try:
         while True:

@@ -72,6 +72,10 @@ class Loaded(msgspec.Struct, frozen=True, array_like=True, tag="L"):
     load_s: float
     context_length: int = 0
     """Tokens per sequence of a generative model; 0 for tensor models."""
+    parallel: int = 0
+    """Sequences a generative model decodes together; 0 for tensor models."""
+    kv_cache_bytes: int = 0
+    """The KV cache a generative model allocated."""
 
 
 class Infer(msgspec.Struct, frozen=True, array_like=True, tag="i"):

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Final
 
@@ -37,24 +37,24 @@ from modelyard.errors import (
     InternalError,
     InvalidInputError,
     ModelLoadError,
-    ModelNotReadyError,
     ModelStateConflictError,
     ServerError,
     WorkerCrashedError,
 )
-from modelyard.runtimes.base import RuntimeSpec
+from modelyard.protocol.generate import GenerateChunk, GenerateRequest
+from modelyard.runtimes.base import RuntimeSpec, find_model_file
 from modelyard.runtimes.warmup import make_warmup_inputs
 from modelyard.workers.channel import ChannelClosedError, LoopChannel, SharedRegion, socket_pair
-from modelyard.workers.exits import describe_exit, rebuild_error
-from modelyard.workers.factory import WorkerFactory, WorkerHandle, WorkerStartError
+from modelyard.workers.exits import rebuild_error
 from modelyard.workers.footprint import (
     MemorySample,
     mapped_private_bytes,
     sample_memory,
     weight_files,
 )
-from modelyard.workers.instance import ExitCallback, InstanceInfo, StartRequest
-from modelyard.workers.limits import MemoryLimit, MemoryLimitError
+from modelyard.workers.handle import WorkerStartError
+from modelyard.workers.instance import GenerationCounters, InstanceInfo, StartRequest
+from modelyard.workers.limits import MemoryLimitError
 from modelyard.workers.messages import (
     Failed,
     Hello,
@@ -62,75 +62,37 @@ from modelyard.workers.messages import (
     InferDone,
     Load,
     Loaded,
-    Message,
-    MessageError,
     Stop,
 )
+from modelyard.workers.worker_link import WorkerLink
 
 _log = logging.getLogger(__name__)
 
 _MIB: Final = 1024 * 1024
-_EXIT_WAIT_S: Final = 5.0
-"""How long to wait for the exit report of a worker we SIGKILLed."""
-_EOF_GRACE_S: Final = 1.0
-"""A worker that closed its channel but is still running after this is killed."""
-_RELEASE_RETRIES: Final = 50
 
 
-class _Expired:
-    """Result put on a reply future when its deadline passes."""
+class ProcessInstance(WorkerLink):
+    """A model served from its own worker process (``isolation: process``).
 
+    The worker's channel, handle, limit and the reaction to its events are
+    :class:`~modelyard.workers.worker_link.WorkerLink`'s; this class starts the worker
+    and the model, serves calls, measures memory and stops the worker.
+    """
 
-_EXPIRED: Final = _Expired()
-_Reply = Message | _Expired
+    # ------------------------------------------------------------------ generation
 
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
+        """Stream one generation from the worker (a generative model); closing the
+        iterator early cancels it there; WorkerCrashedError if the worker dies."""
+        if not self._ready:
+            raise self._not_serving()
+        return self._streams.generate(request)
 
-class ProcessInstance:
-    """A model served from its own worker process (``isolation: process``)."""
-
-    def __init__(self, factory: WorkerFactory, *, load_timeout_s: float = 300.0) -> None:
-        self._factory = factory
-        self._load_timeout_s = load_timeout_s
-        self._lock = asyncio.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._channel: LoopChannel | None = None
-        self._region: SharedRegion | None = None
-        self._handle: WorkerHandle | None = None
-        self._limit: MemoryLimit | None = None
-        self._limit_bytes: int | None = None
-        self._callback: ExitCallback | None = None
-        self._seqs = itertools.count(1)
-        self._in_flight: int | None = None
-        self._waiter: asyncio.Future[_Reply] | None = None
-        self._watchdog: asyncio.Task[None] | None = None
-        self._name = ""
-        self._started = False
-        self._ready = False
-        self._stopping = False
-        self._kill_reason: str | None = None
-        self._exit_reason: str | None = None
-        self._callback_fired = False
-
-    # ------------------------------------------------------------------ properties
-
-    @property
-    def is_alive(self) -> bool:
-        """True from a successful start until the worker dies or is stopped."""
-        return self._ready
-
-    @property
-    def pid(self) -> int | None:
-        """The worker's process id, once started."""
-        return self._handle.pid if self._handle is not None else None
-
-    @property
-    def exit_reason(self) -> str | None:
-        """Why the worker died, once it has."""
-        return self._exit_reason
-
-    def set_exit_callback(self, callback: ExitCallback) -> None:
-        """Called once, with the reason, if the worker dies after a successful start."""
-        self._callback = callback
+    async def generation_counters(self, timeout_s: float = 5.0) -> GenerationCounters:
+        """The worker's own generation counters (asked over its channel)."""
+        if not self._ready:
+            raise self._not_serving()
+        return await self._streams.counters(timeout_s)
 
     # ----------------------------------------------------------------------- start
 
@@ -143,7 +105,7 @@ class ProcessInstance:
         if self._started:
             raise ModelStateConflictError("this instance has already been started")
         self._started = True
-        self._name = request.spec.model_name
+        self._name = self._streams.name = request.spec.model_name
         self._limit_bytes = request.memory_limit_bytes
         loop = self._loop = asyncio.get_running_loop()
         deadline = loop.time() + self._load_timeout_s
@@ -162,7 +124,8 @@ class ProcessInstance:
             finally:
                 await limit
             t1 = time.perf_counter()
-            await self._warm_up(request, loaded, deadline)
+            if not loaded.context_length:  # a generative runtime warmed up as it loaded
+                await self._warm_up(request, loaded, deadline)
             warmup_s = time.perf_counter() - t1
             sample = await self.sample_memory()
             footprint, mapped = await self._weights_apart(request.spec, sample)
@@ -191,6 +154,10 @@ class ProcessInstance:
             "memory_limit_bytes": request.memory_limit_bytes,
             "mapped_weight_private_bytes": mapped,
         }
+        if loaded.context_length:
+            details["context_length"] = loaded.context_length
+            details["parallel"] = loaded.parallel
+            details["kv_cache_bytes"] = loaded.kv_cache_bytes
         return InstanceInfo(
             inputs=list(loaded.inputs),
             outputs=list(loaded.outputs),
@@ -312,111 +279,6 @@ class ProcessInstance:
             raise rebuild_error(reply.error)
         raise InternalError(f"unexpected reply from the worker: {reply!r}")
 
-    def _send(self, msg: Message, seq: int) -> None:
-        channel = self._channel
-        if channel is None:
-            raise self._not_serving()
-        self._in_flight = seq
-        # If the worker is going, its exit report fails the waiter with the reason.
-        with contextlib.suppress(ChannelClosedError):
-            channel.send(msg)
-
-    async def _wait_reply(self, deadline: float, timeout_s: float) -> Message:
-        """The reply to the message in flight; kills the worker if it overruns."""
-        loop = self._loop
-        assert loop is not None
-        if self._exit_reason is not None:
-            raise self._crashed()
-        fut: asyncio.Future[_Reply] = loop.create_future()
-        self._waiter = fut
-        timer = loop.call_at(deadline, _expire, fut)
-        try:
-            reply = await fut
-        finally:
-            timer.cancel()
-            if self._waiter is fut:
-                self._waiter = None
-        if isinstance(reply, _Expired):
-            await self._kill_and_wait(f"killed after overrunning its deadline ({timeout_s:.3f}s)")
-            raise DeadlineExceededError(
-                f"model {self._name!r} did not answer within {timeout_s:.3f}s, the request's "
-                "deadline; its worker was killed and is being restarted"
-            )
-        return reply
-
-    # ---------------------------------------------------------------- worker events
-
-    def _on_message(self, msg: Message) -> None:
-        seq = getattr(msg, "seq", None)
-        if seq is None or seq != self._in_flight:
-            return  # stale reply of an abandoned request, or not for us
-        self._in_flight = None
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(msg)
-
-    def _on_channel_closed(self, why: str) -> None:
-        # Normally the worker is exiting and its exit report follows at once. If it is
-        # still running after a grace period, it is of no use any more.
-        if self._loop is not None:
-            self._loop.call_later(_EOF_GRACE_S, self._kill_lingering, why)
-
-    def _on_protocol_error(self, exc: MessageError) -> None:
-        # A worker that sends something other than a message cannot be trusted with the
-        # next one: the request waiting on it fails now with a protocol error (a server
-        # fault, not the model's), and the worker is killed and restarted.
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(
-                InternalError(
-                    f"the worker (pid {self.pid}) of model {self._name!r} broke the message "
-                    f"protocol ({exc}); it is being restarted"
-                )
-            )
-        handle = self._handle
-        if handle is not None and not handle.exited.done() and not self._stopping:
-            self._kill_reason = self._kill_reason or f"killed because it sent {exc}"
-            handle.kill()
-
-    def _kill_lingering(self, why: str) -> None:
-        handle = self._handle
-        if handle is not None and not handle.exited.done() and not self._stopping:
-            self._kill_reason = self._kill_reason or f"killed because it {why}"
-            handle.kill()
-
-    def _on_exit(self, fut: asyncio.Future[int | None]) -> None:
-        returncode = None if fut.cancelled() else fut.result()
-        oom = self._limit.oom_killed() if self._limit is not None else False
-        reason = self._kill_reason or describe_exit(
-            returncode, oom_killed=oom, limit_bytes=self._limit_bytes
-        )
-        if self._stopping and self._kill_reason is None:
-            reason = "stopped"
-        self._exit_reason = reason
-        was_ready, self._ready = self._ready, False
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(self._crashed())
-        self._in_flight = None
-        self._cleanup()
-        if was_ready and not self._stopping:
-            _log.warning(
-                "worker %s of model %r %s; its requests failed",
-                self.pid,
-                self._name,
-                reason,
-            )
-            self._fire_callback(reason)
-
-    def _fire_callback(self, reason: str) -> None:
-        if self._callback_fired or self._callback is None:
-            return
-        self._callback_fired = True
-        try:
-            self._callback(reason)
-        except Exception:
-            _log.exception("exit callback of model %r failed", self._name)
-
     # ------------------------------------------------------------------------ stop
 
     async def stop(self) -> None:
@@ -445,46 +307,6 @@ class ProcessInstance:
                 await watchdog
         self._cleanup()
 
-    async def _kill_and_wait(self, reason: str | None) -> None:
-        handle = self._handle
-        if handle is None or handle.exited.done():
-            return
-        if reason is not None and self._kill_reason is None:
-            self._kill_reason = reason
-        handle.kill()
-        try:
-            async with asyncio.timeout(_EXIT_WAIT_S):
-                await asyncio.shield(handle.exited)
-        except TimeoutError:
-            _log.error("worker %d of model %r did not exit after SIGKILL", handle.pid, self._name)
-
-    def _cleanup(self) -> None:
-        """Release the channel, region and limit; idempotent, no awaits."""
-        channel, self._channel = self._channel, None
-        if channel is not None:
-            channel.close()
-        region, self._region = self._region, None
-        if region is not None:
-            region.close()
-        if self._handle is not None and self._handle.exited.done():
-            self._handle.close()
-            limit, self._limit = self._limit, None
-            if limit is not None:
-                self._release_limit(limit, _RELEASE_RETRIES)
-        watchdog = self._watchdog
-        if watchdog is not None and watchdog is not asyncio.current_task():
-            watchdog.cancel()
-
-    def _release_limit(self, limit: MemoryLimit, retries: int) -> None:
-        # One non-blocking attempt now; the kernel may need a moment after the exit, so
-        # retry from the loop rather than sleeping on it.
-        if limit.release(attempts=1):
-            return
-        if retries > 0 and self._loop is not None and not self._loop.is_closed():
-            self._loop.call_later(0.02, self._release_limit, limit, retries - 1)
-        else:
-            _log.warning("memory limit of model %r could not be removed", self._name)
-
     # ---------------------------------------------------------------------- memory
 
     async def sample_memory(self) -> MemorySample:
@@ -500,15 +322,21 @@ class ProcessInstance:
     async def _weights_apart(self, spec: RuntimeSpec, sample: MemorySample) -> tuple[int, int]:
         """(USS less the mapped weight files' private pages, those pages).
 
-        Only ``share_weights`` ONNX workers map their weights; for the others it is
-        ``(USS, 0)``. USS and the mapped part come from one read of ``smaps``.
+        Only ``share_weights`` ONNX workers and ``llama_cpp`` workers (their GGUF file)
+        map their weights; for the others it is ``(USS, 0)``. USS and the mapped part
+        come from one read of ``smaps``.
         """
         pid = self.pid
-        if not (spec.share_weights and spec.kind == "onnx") or pid is None:
+        gguf = spec.kind == "llama_cpp"
+        if not ((spec.share_weights and spec.kind == "onnx") or gguf) or pid is None:
             return sample.uss_bytes, 0
 
         def measure() -> tuple[int, int]:
-            paths = [f.path for f in weight_files(Path(spec.version_dir))]
+            folder = Path(spec.version_dir)
+            if gguf:
+                paths = [str(find_model_file(folder, (".gguf",), spec.model_file).resolve())]
+            else:
+                paths = [f.path for f in weight_files(folder)]
             return mapped_private_bytes(pid, paths)
 
         try:
@@ -539,22 +367,3 @@ class ProcessInstance:
                     f"(memory limit {limit_bytes // _MIB} MiB)"
                 )
                 return
-
-    # ---------------------------------------------------------------------- errors
-
-    def _crashed(self) -> WorkerCrashedError:
-        return WorkerCrashedError(
-            f"the worker (pid {self.pid}) of model {self._name!r} died: {self._exit_reason}"
-        )
-
-    def _not_serving(self) -> ServerError:
-        if self._exit_reason is not None and not self._stopping:
-            return self._crashed()
-        if self._stopping:
-            return ModelNotReadyError(f"model {self._name!r}: this replica was stopped")
-        return ModelNotReadyError("this replica has not been started")
-
-
-def _expire(fut: asyncio.Future[_Reply]) -> None:
-    if not fut.done():
-        fut.set_result(_EXPIRED)

@@ -40,7 +40,7 @@ def _hang_inputs(delay_ms: int) -> dict[str, np.ndarray]:
 
 
 def _leak(mb: int) -> dict[str, np.ndarray]:
-    return {"mb": np.array([mb], np.int32)}
+    return {"x": np.array([[mb]], np.float32)}
 
 
 async def _leak_repeatedly(
@@ -210,7 +210,7 @@ async def test_rlimit_makes_a_large_allocation_fail_with_a_clear_error(
         with pytest.raises(InternalError, match=f"memory limit of {LIMIT_MB} MiB"):
             await instance.infer(_leak(2 * LIMIT_MB), timeout_s=10.0)
         assert instance.is_alive
-        assert (await instance.infer(_leak(1), timeout_s=10.0))["held_mb"].tolist() == [1]
+        assert (await instance.infer(_leak(1), timeout_s=10.0))["held_mb"].tolist() == [[1]]
         await instance.stop()
     finally:
         await f.close()

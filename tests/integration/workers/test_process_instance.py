@@ -179,7 +179,7 @@ async def test_unsendable_input_is_invalid_input(start_instance: Starter) -> Non
 
 async def test_stop_ends_the_process_and_gives_its_memory_back(start_instance: Starter) -> None:
     instance = await start_instance(fault_spec("LeakyModel"))
-    await instance.infer({"mb": np.array([64], np.int32)}, timeout_s=10.0)
+    await instance.infer({"x": np.array([[64]], np.float32)}, timeout_s=10.0)
     held = await instance.sample_memory()
     assert held.uss_bytes > 64 * 1024 * 1024
     pid = instance.pid
@@ -190,7 +190,7 @@ async def test_stop_ends_the_process_and_gives_its_memory_back(start_instance: S
     assert not instance.is_alive
     assert not psutil.pid_exists(pid)
     with pytest.raises(ModelNotReadyError):
-        await instance.infer({"mb": np.array([0], np.int32)}, timeout_s=1.0)
+        await instance.infer({"x": np.array([[0]], np.float32)}, timeout_s=1.0)
 
 
 async def test_stop_of_a_busy_worker_kills_it_after_the_grace(start_instance: Starter) -> None:

@@ -34,8 +34,8 @@ def admin_routes(control: ControlPlane) -> list[BaseRoute]:
     """Stats, pin/unpin, aliases (blue-green switch) and rollback."""
 
     async def health_details(request: Request) -> Response:
-        details = control.health_details()
-        return json_response(details, 200 if details["ready"] else 503)
+        view = control.health_details()
+        return json_response(view.to_json(), 200 if view.ready else 503)
 
     async def list_aliases(request: Request) -> Response:
         name = request.path_params["model"]
@@ -59,7 +59,7 @@ def admin_routes(control: ControlPlane) -> list[BaseRoute]:
         return json_response({"name": name, "alias": alias, "versions": route})
 
     async def stats(request: Request) -> Response:
-        return json_response(control.stats())
+        return json_response(control.stats().stats_json())
 
     async def pin(request: Request) -> Response:
         name = control.set_pinned(request.path_params["model"], True)

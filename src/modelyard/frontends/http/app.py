@@ -23,6 +23,7 @@ from modelyard.frontends.http.auth import AuthLayer
 from modelyard.frontends.http.bodies import json_response, read_json
 from modelyard.frontends.http.errors import guarded
 from modelyard.frontends.http.fastpath import InferFastPath, InferHandler
+from modelyard.frontends.http.generate import GenerateApi
 from modelyard.frontends.http.limits import RouteLimits
 from modelyard.frontends.http.openai import OpenAIApi
 from modelyard.frontends.http.openai_errors import error_response_at
@@ -38,6 +39,8 @@ class RestApi:
         self.max_request_bytes = max_request_bytes
         self.infer = InferHandler(dataplane, max_request_bytes)
         """``POST …/infer``: the fast path's handler, also behind the Starlette routes."""
+        self.generate = GenerateApi(dataplane, max_request_bytes)
+        """``POST …/generate`` and ``…/generate_stream``: the generate extension."""
 
     async def _json_body(self, request: Request, *, allow_empty: bool = True) -> dict[str, Any]:
         return await read_json(request, self.max_request_bytes, allow_empty=allow_empty)
@@ -124,6 +127,10 @@ class RestApi:
             Route(mv + "/ready", g(self.model_ready), methods=["GET"]),
             Route(m + "/infer", self.infer, methods=["POST"]),
             Route(mv + "/infer", self.infer, methods=["POST"]),
+            Route(m + "/generate", self.generate.generate, methods=["POST"]),
+            Route(mv + "/generate", self.generate.generate, methods=["POST"]),
+            Route(m + "/generate_stream", self.generate.generate_stream, methods=["POST"]),
+            Route(mv + "/generate_stream", self.generate.generate_stream, methods=["POST"]),
             Route("/predict", g(self.predict), methods=["POST"]),
             Route("/v2/repository/index", g(self.repository_index), methods=["POST"]),
             Route("/v2/repository/models/{model}/load", g(self.repository_load), methods=["POST"]),

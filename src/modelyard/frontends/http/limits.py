@@ -8,8 +8,14 @@ from modelyard.errors import PayloadTooLargeError
 from modelyard.frontends.http.fastpath import is_infer_path
 from modelyard.frontends.http.openai_errors import error_response_at
 
+
+def is_generate_path(path: str) -> bool:
+    """True for the generate extension's routes (their bodies carry prompts)."""
+    return path.startswith("/v2/models/") and path.endswith(("/generate", "/generate_stream"))
+
+
 _DATA_ROUTES = frozenset({"/predict", "/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
-"""Routes besides infer whose bodies carry tensors or prompts (the larger limit)."""
+"""Routes besides infer and generate whose bodies carry tensors or prompts (the larger limit)."""
 
 
 class BodyLimit:
@@ -78,5 +84,5 @@ class RouteLimits:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app under the limit of the request's route."""
         path: str = scope.get("path", "")
-        is_data = path in _DATA_ROUTES or is_infer_path(path)
+        is_data = path in _DATA_ROUTES or is_infer_path(path) or is_generate_path(path)
         await (self.data if is_data else self.control)(scope, receive, send)

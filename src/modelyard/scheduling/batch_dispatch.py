@@ -1,0 +1,171 @@
+"""BatchDispatcher: the dispatcher task of one model's scheduler.
+
+One task waits until a batch is due (:mod:`~modelyard.scheduling.batcher` over the
+priority queue: full, at a preferred size, or its oldest request has waited its delay),
+takes it, and runs it as a task of its own, at most ``max_concurrency`` at once; each
+batch task calls the model and answers its requests. Queued requests whose deadline
+passed, or that an open breaker may not run, are answered here without running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+from modelyard.errors import InternalError, InvalidInputError, ServerError
+from modelyard.scheduling.batcher import select_batch
+from modelyard.scheduling.breaker import BreakerState
+from modelyard.scheduling.dispatcher import call_model
+from modelyard.scheduling.request_queue import QueuedRequest, RequestState
+from modelyard.scheduling.scheduler_core import Lifecycle, SchedulerCore, copy_error, logger
+
+__all__ = ["BatchDispatcher"]
+
+
+class BatchDispatcher(SchedulerCore):
+    """Form batches from the queue and run them; see the module docstring."""
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            await self._slots.acquire()
+            try:
+                batch = await self._next_batch()
+            except BaseException:
+                self._slots.release()
+                raise
+            if batch is None:
+                self._slots.release()
+                return
+            # No await between taking the batch and registering its task: whatever
+            # happens next, the done callback answers the requests and frees the slot.
+            task = asyncio.create_task(self._run_batch(batch), name=f"modelyard-batch-{self.name}")
+            self._batches[task] = batch
+            task.add_done_callback(self._batch_done)
+
+    async def _next_batch(self) -> list[QueuedRequest] | None:
+        """Wait until a batch is due; take it from the queue. None: drained and empty."""
+        while True:
+            if self._breaker.state is not BreakerState.CLOSED:
+                self._reject_unrunnable()
+            now = self._clock.monotonic()
+            cap, delay_s = self._limits()
+            dropped: list[QueuedRequest] = []
+            selection = select_batch(
+                self._live(now, dropped),
+                max_rows=cap,
+                preferred_sizes=self.config.preferred_batch_sizes,
+                is_batching=self.config.is_batching,
+                max_elements=self.config.max_batch_elements,
+            )
+            for request in dropped:
+                self._expire_queued(request)
+            if selection is None or self._direct:
+                if selection is None and self._state is not Lifecycle.RUNNING:
+                    return None
+                # Nothing to do, or a direct call holds the model: wait to be woken.
+                self._dispatcher_idle = selection is None
+                self._wakeup.clear()
+                try:
+                    await self._wakeup.wait()
+                finally:
+                    self._dispatcher_idle = False
+                continue
+            due = min(r.arrival for r in selection.entries) + delay_s
+            if selection.is_ready or now >= due or self._state is not Lifecycle.RUNNING:
+                self._queue.take(selection.entries)
+                for request in selection.entries:
+                    request.state = RequestState.RUNNING
+                return selection.entries
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(due - now):
+                    await self._wakeup.wait()
+
+    def _live(self, now: float, dropped: list[QueuedRequest]) -> Iterator[QueuedRequest]:
+        """Queued requests in order, leaving answered or expired ones in ``dropped``."""
+        for request in self._queue.ordered(now):
+            if request.future.done() or request.deadline <= now:
+                dropped.append(request)
+            else:
+                yield request
+
+    def _expire_queued(self, request: QueuedRequest) -> None:
+        self._queue.remove(request)
+        request.state = RequestState.DONE
+        self._breaker.release([request.permit])
+        self._fail(request, self._deadline_error(request, was_run=False), "expired_queued")
+
+    def _reject_unrunnable(self) -> None:
+        """While the breaker is open or probing, fail queued requests that may not run."""
+        for request in list(self._queue):
+            if not self._breaker.may_run(request.permit):
+                self._queue.remove(request)
+                request.state = RequestState.DONE
+                self._fail(request, self._circuit_open_error(), "circuit_open")
+
+    async def _run_batch(self, batch: list[QueuedRequest]) -> None:
+        """Call the model for ``batch``; answer each request, feed breaker and metrics."""
+        now = self._clock.monotonic()
+        runnable: list[QueuedRequest] = []
+        for request in batch:
+            if request.future.done():  # its submitter left between dispatch and now
+                self._breaker.release([request.permit])
+            elif request.deadline <= now:
+                self._breaker.release([request.permit])
+                self._fail(request, self._deadline_error(request, was_run=False), "expired_queued")
+            else:
+                runnable.append(request)
+        if not runnable:
+            return
+        report = await call_model(self.name, self._execute, self._clock, runnable)
+        self._counts["model_calls"] += 1
+        if isinstance(report.error, InvalidInputError) and len(runnable) > 1:
+            # One bad request must not fail its neighbours: run each alone.
+            self._after_call(report)
+            for request in runnable:
+                await self._run_batch([request])
+            return
+        if report.error is not None:
+            for request in runnable:
+                self._fail(request, copy_error(report.error), "failed")
+        else:
+            for request, outputs in zip(runnable, report.outputs, strict=True):
+                if request.deadline <= report.ended:
+                    late = self._deadline_error(request, was_run=True)
+                    self._fail(request, late, "expired_running")
+                elif not request.future.done():
+                    request.future.set_result(outputs)
+        self._after_call(report)
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        batch = self._batches.pop(task)
+        self._slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            logger.error(
+                "model %r: batch task failed; its requests fail",
+                self.name,
+                exc_info=task.exception(),
+            )
+        for request in batch:
+            request.state = RequestState.DONE
+            if request.future.done():
+                continue
+            if self._state is Lifecycle.CLOSED:
+                error: ServerError = self._not_ready_error("closed while the request ran")
+            else:
+                error = InternalError(f"model {self.name!r}: the call ended without an answer")
+            self._fail(request, error, "failed")
+
+    def _dispatcher_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        logger.error(
+            "model %r: dispatcher failed; failing queued requests",
+            self.name,
+            exc_info=task.exception(),
+        )
+        self._state = Lifecycle.CLOSED
+        for request in self._queue.clear():
+            request.state = RequestState.DONE
+            self._fail(request, InternalError(f"model {self.name!r}: scheduler failed"), "failed")

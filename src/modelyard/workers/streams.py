@@ -1,0 +1,156 @@
+"""Generation streams over one worker's channel: many at once, each ended exactly once.
+
+A worker process serving a generative model runs several jobs together and sends their
+:class:`~modelyard.workers.messages.Chunk` messages as they are produced, interleaved.
+:class:`GenerationStreams` (one per worker instance, on the event loop) gives each job
+its own queue keyed by ``seq``, turns the messages back into
+:class:`~modelyard.protocol.generate.GenerateChunk` objects, and guarantees an end:
+
+* the last chunk (``finish_reason`` set) or a ``Failed`` message ends a stream;
+* a consumer that stops early (client gone, deadline passed) sends ``Cancel`` to the
+  worker, which frees the sequence and stops sampling for it;
+* a worker that dies ends every open stream with the instance's WorkerCrashedError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Callable
+
+from modelyard.errors import DeadlineExceededError, ServerError
+from modelyard.protocol.generate import GenerateChunk, GenerateRequest
+from modelyard.workers.exits import rebuild_error
+from modelyard.workers.instance import GenerationCounters
+from modelyard.workers.messages import (
+    Cancel,
+    Chunk,
+    Failed,
+    Generate,
+    Message,
+    StatsQuery,
+)
+from modelyard.workers.messages import GenerationCounters as CountersMessage
+
+_Item = Chunk | ServerError
+
+
+class GenerationStreams:
+    """The open generation streams and counter queries of one worker."""
+
+    def __init__(self, send: Callable[[Message], None], next_seq: Callable[[], int]) -> None:
+        self.name = ""
+        """The model's name, for messages (set when the instance starts)."""
+        self._send = send
+        """Sends one message to the worker (raises a ServerError when it is gone)."""
+        self._next_seq = next_seq
+        self._streams: dict[int, asyncio.Queue[_Item]] = {}
+        self._queries: dict[int, asyncio.Future[CountersMessage]] = {}
+        self._dead: ServerError | None = None
+
+    @property
+    def open_streams(self) -> int:
+        """Streams not ended yet."""
+        return len(self._streams)
+
+    def owns(self, msg: Message) -> bool:
+        """True when ``msg`` belongs to a stream or a query (and was delivered)."""
+        seq = getattr(msg, "seq", None)
+        if seq is None:
+            return False
+        queue = self._streams.get(seq)
+        if queue is not None and isinstance(msg, Chunk | Failed):
+            queue.put_nowait(msg if isinstance(msg, Chunk) else rebuild_error(msg.error))
+            return True
+        fut = self._queries.pop(seq, None)
+        if fut is not None and isinstance(msg, CountersMessage):
+            if not fut.done():
+                fut.set_result(msg)
+            return True
+        return isinstance(msg, Chunk | CountersMessage)  # late: its stream was closed
+
+    def fail_all(self, error: ServerError) -> None:
+        """The worker died: every open stream and query ends with ``error``."""
+        self._dead = error
+        for queue in self._streams.values():
+            queue.put_nowait(error)
+        for fut in self._queries.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self._queries.clear()
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
+        """Send the job and yield its chunks; closing early cancels it in the worker."""
+        if self._dead is not None:
+            raise self._dead
+        seq = self._next_seq()
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._streams[seq] = queue
+        s = request.sampling
+        messages = (
+            None
+            if request.messages is None
+            else tuple((m.role, m.content) for m in request.messages)
+        )
+        finished = False
+        try:
+            self._send(
+                Generate(
+                    seq,
+                    request.prompt,
+                    messages,
+                    s.max_tokens,
+                    float(s.temperature),
+                    float(s.top_p),
+                    s.top_k,
+                    s.seed,
+                    s.stop,
+                )
+            )
+            while True:
+                item = await queue.get()
+                if isinstance(item, ServerError):
+                    finished = True
+                    raise item
+                finished = item.finish_reason is not None
+                yield GenerateChunk(
+                    text=item.text,
+                    token_ids=item.token_ids,
+                    finish_reason=item.finish_reason,
+                    prompt_tokens=item.prompt_tokens,
+                    completion_tokens=item.completion_tokens,
+                )
+                if finished:
+                    return
+        finally:
+            self._streams.pop(seq, None)
+            if not finished and self._dead is None:
+                # The consumer left before the end: free the worker's sequence now.
+                with contextlib.suppress(ServerError, OSError):
+                    self._send(Cancel(seq))
+
+    async def counters(self, timeout_s: float) -> GenerationCounters:
+        """Ask the worker for its generation counters."""
+        if self._dead is not None:
+            raise self._dead
+        seq = self._next_seq()
+        fut: asyncio.Future[CountersMessage] = asyncio.get_running_loop().create_future()
+        self._queries[seq] = fut
+        try:
+            self._send(StatsQuery(seq))
+            async with asyncio.timeout(timeout_s):
+                msg = await fut
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"the worker of model {self.name!r} did not report its counters"
+            ) from None
+        finally:
+            self._queries.pop(seq, None)
+        return GenerationCounters(
+            generated_tokens=msg.generated_tokens,
+            prompt_tokens=msg.prompt_tokens,
+            active=msg.active,
+            kv_cache_bytes=msg.kv_cache_bytes,
+            context_length=msg.context_length,
+            parallel=msg.parallel,
+        )

@@ -1,0 +1,284 @@
+"""WorkerLink: the server's end of one worker process, for ``ProcessInstance``.
+
+It holds the worker's channel, shared region, handle and memory limit, sends a message
+and waits for its reply within a deadline (killing a worker that overruns), and reacts
+to what the worker does on its own: replies, protocol errors, a closed channel, its exit.
+On an exit it fails the waiting request with ``WorkerCrashedError`` saying why, releases
+the channel, region and limit, and fires the exit callback once.
+:class:`~modelyard.workers.process.ProcessInstance` builds on it to start, serve and stop
+the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from typing import Final
+
+from modelyard.errors import (
+    DeadlineExceededError,
+    InternalError,
+    ModelNotReadyError,
+    ServerError,
+    WorkerCrashedError,
+)
+from modelyard.workers.channel import ChannelClosedError, LoopChannel, SharedRegion
+from modelyard.workers.exits import describe_exit
+from modelyard.workers.factory import WorkerFactory
+from modelyard.workers.handle import WorkerHandle
+from modelyard.workers.instance import ExitCallback
+from modelyard.workers.limits import MemoryLimit
+from modelyard.workers.messages import Message, MessageError
+from modelyard.workers.streams import GenerationStreams
+
+__all__ = ["WorkerLink"]
+
+# One logger name for the instance, whichever part of it logs.
+_log = logging.getLogger("modelyard.workers.process")
+
+_EXIT_WAIT_S: Final = 5.0
+"""How long to wait for the exit report of a worker we SIGKILLed."""
+_EOF_GRACE_S: Final = 1.0
+"""A worker that closed its channel but is still running after this is killed."""
+_RELEASE_RETRIES: Final = 50
+
+
+class _Expired:
+    """Result put on a reply future when its deadline passes."""
+
+
+_EXPIRED: Final = _Expired()
+_Reply = Message | _Expired
+
+
+class WorkerLink:
+    """The channel, process and limit of one worker, and its events; see the module docstring."""
+
+    def __init__(self, factory: WorkerFactory, *, load_timeout_s: float = 300.0) -> None:
+        self._factory = factory
+        self._load_timeout_s = load_timeout_s
+        self._lock = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._channel: LoopChannel | None = None
+        self._region: SharedRegion | None = None
+        self._handle: WorkerHandle | None = None
+        self._limit: MemoryLimit | None = None
+        self._limit_bytes: int | None = None
+        self._callback: ExitCallback | None = None
+        self._seqs = itertools.count(1)
+        self._in_flight: int | None = None
+        self._waiter: asyncio.Future[_Reply] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._name = ""
+        self._started = False
+        self._ready = False
+        self._stopping = False
+        self._kill_reason: str | None = None
+        self._exit_reason: str | None = None
+        self._callback_fired = False
+        self._streams = GenerationStreams(self._send_now, lambda: next(self._seqs))
+        """Open generation streams (generative models), many at once beside the one
+        request/reply exchange in flight."""
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def is_alive(self) -> bool:
+        """True from a successful start until the worker dies or is stopped."""
+        return self._ready
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id, once started."""
+        return self._handle.pid if self._handle is not None else None
+
+    @property
+    def exit_reason(self) -> str | None:
+        """Why the worker died, once it has."""
+        return self._exit_reason
+
+    def set_exit_callback(self, callback: ExitCallback) -> None:
+        """Called once, with the reason, if the worker dies after a successful start."""
+        self._callback = callback
+
+    # ------------------------------------------------------------------ channel I/O
+
+    def _send(self, msg: Message, seq: int) -> None:
+        channel = self._channel
+        if channel is None:
+            raise self._not_serving()
+        self._in_flight = seq
+        # If the worker is going, its exit report fails the waiter with the reason.
+        with contextlib.suppress(ChannelClosedError):
+            channel.send(msg)
+
+    def _send_now(self, msg: Message) -> None:
+        """Send a stream's message (no reply awaited: its replies go to its stream)."""
+        channel = self._channel
+        if channel is None:
+            raise self._not_serving()
+        # If the worker is going, its exit report ends the stream with the reason.
+        with contextlib.suppress(ChannelClosedError):
+            channel.send(msg)
+
+    async def _wait_reply(self, deadline: float, timeout_s: float) -> Message:
+        """The reply to the message in flight; kills the worker if it overruns."""
+        loop = self._loop
+        assert loop is not None
+        if self._exit_reason is not None:
+            raise self._crashed()
+        fut: asyncio.Future[_Reply] = loop.create_future()
+        self._waiter = fut
+        timer = loop.call_at(deadline, _expire, fut)
+        try:
+            reply = await fut
+        finally:
+            timer.cancel()
+            if self._waiter is fut:
+                self._waiter = None
+        if isinstance(reply, _Expired):
+            await self._kill_and_wait(f"killed after overrunning its deadline ({timeout_s:.3f}s)")
+            raise DeadlineExceededError(
+                f"model {self._name!r} did not answer within {timeout_s:.3f}s, the request's "
+                "deadline; its worker was killed and is being restarted"
+            )
+        return reply
+
+    # ---------------------------------------------------------------- worker events
+
+    def _on_message(self, msg: Message) -> None:
+        if self._streams.owns(msg):
+            return
+        seq = getattr(msg, "seq", None)
+        if seq is None or seq != self._in_flight:
+            return  # stale reply of an abandoned request, or not for us
+        self._in_flight = None
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(msg)
+
+    def _on_channel_closed(self, why: str) -> None:
+        # Normally the worker is exiting and its exit report follows at once. If it is
+        # still running after a grace period, it is of no use any more.
+        if self._loop is not None:
+            self._loop.call_later(_EOF_GRACE_S, self._kill_lingering, why)
+
+    def _on_protocol_error(self, exc: MessageError) -> None:
+        # A worker that sends something other than a message cannot be trusted with the
+        # next one: the request waiting on it fails now with a protocol error (a server
+        # fault, not the model's), and the worker is killed and restarted.
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(
+                InternalError(
+                    f"the worker (pid {self.pid}) of model {self._name!r} broke the message "
+                    f"protocol ({exc}); it is being restarted"
+                )
+            )
+        handle = self._handle
+        if handle is not None and not handle.exited.done() and not self._stopping:
+            self._kill_reason = self._kill_reason or f"killed because it sent {exc}"
+            handle.kill()
+
+    def _kill_lingering(self, why: str) -> None:
+        handle = self._handle
+        if handle is not None and not handle.exited.done() and not self._stopping:
+            self._kill_reason = self._kill_reason or f"killed because it {why}"
+            handle.kill()
+
+    def _on_exit(self, fut: asyncio.Future[int | None]) -> None:
+        returncode = None if fut.cancelled() else fut.result()
+        oom = self._limit.oom_killed() if self._limit is not None else False
+        reason = self._kill_reason or describe_exit(
+            returncode, oom_killed=oom, limit_bytes=self._limit_bytes
+        )
+        if self._stopping and self._kill_reason is None:
+            reason = "stopped"
+        self._exit_reason = reason
+        was_ready, self._ready = self._ready, False
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(self._crashed())
+        self._streams.fail_all(self._not_serving() if self._stopping else self._crashed())
+        self._in_flight = None
+        self._cleanup()
+        if was_ready and not self._stopping:
+            _log.warning(
+                "worker %s of model %r %s; its requests failed",
+                self.pid,
+                self._name,
+                reason,
+            )
+            self._fire_callback(reason)
+
+    def _fire_callback(self, reason: str) -> None:
+        if self._callback_fired or self._callback is None:
+            return
+        self._callback_fired = True
+        try:
+            self._callback(reason)
+        except Exception:
+            _log.exception("exit callback of model %r failed", self._name)
+
+    # ---------------------------------------------------------------- kill, release
+
+    async def _kill_and_wait(self, reason: str | None) -> None:
+        handle = self._handle
+        if handle is None or handle.exited.done():
+            return
+        if reason is not None and self._kill_reason is None:
+            self._kill_reason = reason
+        handle.kill()
+        try:
+            async with asyncio.timeout(_EXIT_WAIT_S):
+                await asyncio.shield(handle.exited)
+        except TimeoutError:
+            _log.error("worker %d of model %r did not exit after SIGKILL", handle.pid, self._name)
+
+    def _cleanup(self) -> None:
+        """Release the channel, region and limit; idempotent, no awaits."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
+        region, self._region = self._region, None
+        if region is not None:
+            region.close()
+        if self._handle is not None and self._handle.exited.done():
+            self._handle.close()
+            limit, self._limit = self._limit, None
+            if limit is not None:
+                self._release_limit(limit, _RELEASE_RETRIES)
+        watchdog = self._watchdog
+        if watchdog is not None and watchdog is not asyncio.current_task():
+            watchdog.cancel()
+
+    def _release_limit(self, limit: MemoryLimit, retries: int) -> None:
+        # One non-blocking attempt now; the kernel may need a moment after the exit, so
+        # retry from the loop rather than sleeping on it.
+        if limit.release(attempts=1):
+            return
+        if retries > 0 and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_later(0.02, self._release_limit, limit, retries - 1)
+        else:
+            _log.warning("memory limit of model %r could not be removed", self._name)
+
+    # ---------------------------------------------------------------------- errors
+
+    def _crashed(self) -> WorkerCrashedError:
+        return WorkerCrashedError(
+            f"the worker (pid {self.pid}) of model {self._name!r} died: {self._exit_reason}"
+        )
+
+    def _not_serving(self) -> ServerError:
+        if self._exit_reason is not None and not self._stopping:
+            return self._crashed()
+        if self._stopping:
+            return ModelNotReadyError(f"model {self._name!r}: this replica was stopped")
+        return ModelNotReadyError("this replica has not been started")
+
+
+def _expire(fut: asyncio.Future[_Reply]) -> None:
+    if not fut.done():
+        fut.set_result(_EXPIRED)

@@ -1,0 +1,53 @@
+"""Tiny GGUF models for the generation tests, written once per session (no hub)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from modelyard.examples.gguf_llama import LlamaShape, write_llama_gguf
+
+TINY = LlamaShape(layers=2, width=128, feed_forward=256, heads=4, kv_heads=2, merges=200)
+"""About 1 MB: fast enough for every test; the example sizes are in ``SHAPES``."""
+OTHER = LlamaShape(layers=3, width=128, feed_forward=256, heads=4, kv_heads=2, merges=200)
+
+N_CTX = 256
+PROMPT = "The quick brown fox jumps over the lazy dog. A model server keeps"
+
+
+def build_llm_repository(root: Path) -> Path:
+    """``<root>/llama-a/1/model.gguf`` and ``<root>/llama-b/1/model.gguf``; returns root."""
+    write_llama_gguf(root / "llama-a" / "1" / "model.gguf", TINY, seed=1)
+    write_llama_gguf(root / "llama-b" / "1" / "model.gguf", OTHER, seed=2)
+    return root
+
+
+def llm_model(name: str, **fields: Any) -> dict[str, Any]:
+    """A ``models:`` entry for one of the test GGUFs."""
+    generation = {"n_ctx": N_CTX, "parallel": 2, "n_threads": 1, "n_batch": 64}
+    generation.update(fields.pop("generation", {}))
+    return {
+        "name": name,
+        "path": name,
+        "runtime": "llama_cpp",
+        "timeout_s": 30.0,
+        "generation": generation,
+        **fields,
+    }
+
+
+def reference_tokens(path: Path, prompt: str, n: int) -> list[int]:
+    """Greedy tokens of llama-cpp-python run in-process on ``path`` (the peer's own code)."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(path), n_ctx=N_CTX, n_threads=1, n_batch=64, verbose=False, seed=0)
+    try:
+        tokens = llm.tokenize(prompt.encode(), add_bos=True, special=True)
+        out: list[int] = []
+        for token in llm.generate(tokens, temp=0.0, top_k=0, top_p=1.0, min_p=0.0):
+            if llm.token_eos() == token or len(out) >= n:
+                break
+            out.append(token)
+        return out
+    finally:
+        llm.close()

@@ -1,0 +1,57 @@
+"""A sink that collects what a generative runtime reports, for in-process runtime tests."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Report:
+    """Everything reported for one job."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    chunks: int = 0
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    error: tuple[str, str] | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class CollectingSink:
+    """Collects chunks and failures per job ``seq``."""
+
+    def __init__(self) -> None:
+        self.reports: dict[int, Report] = {}
+
+    def _of(self, seq: int) -> Report:
+        return self.reports.setdefault(seq, Report())
+
+    def chunk(
+        self,
+        seq: int,
+        text: str,
+        token_ids: list[int],
+        finish_reason: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> None:
+        r = self._of(seq)
+        r.text += text
+        r.token_ids += token_ids
+        r.chunks += 1
+        r.completion_tokens = completion_tokens
+        if finish_reason is not None:
+            r.finish_reason = finish_reason
+            r.done.set()
+
+    def failed(self, seq: int, code: str, message: str) -> None:
+        r = self._of(seq)
+        r.error = (code, message)
+        r.done.set()
+
+    def wait(self, seq: int, timeout_s: float = 60) -> Report:
+        r = self._of(seq)
+        assert r.done.wait(timeout_s), f"job {seq} did not end"
+        return r

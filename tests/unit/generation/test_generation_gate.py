@@ -1,0 +1,61 @@
+"""GenerationGate: parallel slots, priority order, queue limit, deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from modelyard.clock import MonotonicClock
+from modelyard.errors import DeadlineExceededError, OverloadedError
+from modelyard.scheduling.generation_gate import GenerationGate
+
+
+async def test_slots_then_priority_order() -> None:
+    clock = MonotonicClock()
+    gate = GenerationGate("m", slots=1, max_queue_size=4, clock=clock)
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def run(name: str, priority: int) -> None:
+        async with gate.slot(priority, None):
+            order.append(name)
+            await release.wait()
+
+    first = asyncio.create_task(run("first", 5))
+    await asyncio.sleep(0)
+    low = asyncio.create_task(run("low", 5))
+    await asyncio.sleep(0)
+    high = asyncio.create_task(run("high", 1))
+    await asyncio.sleep(0)
+    assert gate.running == 1
+    assert gate.queued == 2
+    release.set()
+    await asyncio.gather(first, low, high)
+    assert order == ["first", "high", "low"]
+    assert gate.running == 0
+
+
+async def test_queue_full_and_deadline() -> None:
+    clock = MonotonicClock()
+    gate = GenerationGate("m", slots=1, max_queue_size=1, clock=clock)
+    hold = asyncio.Event()
+
+    async def holder() -> None:
+        async with gate.slot(3, None):
+            await hold.wait()
+
+    task = asyncio.create_task(holder())
+    await asyncio.sleep(0)
+    waiter = asyncio.create_task(gate.slot(3, clock.monotonic() + 0.05).__aenter__())
+    await asyncio.sleep(0)
+    with pytest.raises(OverloadedError, match="max_queue_size"):
+        async with gate.slot(3, None):
+            pass
+    with pytest.raises(DeadlineExceededError, match="generation slots"):
+        await waiter
+    hold.set()
+    await task
+    assert gate.running == 0
+    async with gate.slot(3, None):
+        assert gate.running == 1
