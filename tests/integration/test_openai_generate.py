@@ -25,12 +25,13 @@ pytest.importorskip("gguf", reason="the llm extra installs gguf")
 pytest.importorskip("openai", reason="the test extra installs the openai client")
 import llama_cpp
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from modelyard.examples.gguf_llama import SHAPES, write_llama_gguf
 
 N_CTX = 256
 PROMPT = "Once upon a time there was a little model that"
-MESSAGES = [
+MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "system", "content": "You are a model server."},
     {"role": "user", "content": "What is the capital of France?"},
 ]
@@ -100,16 +101,15 @@ async def served(
 
 
 def _reference_completion(llm: llama_cpp.Llama, **kwargs: Any) -> dict[str, Any]:
-    answer = llm.create_completion(PROMPT, max_tokens=MAX_TOKENS, temperature=0.0, **kwargs)
+    answer: Any = llm.create_completion(PROMPT, max_tokens=MAX_TOKENS, temperature=0.0, **kwargs)
     assert isinstance(answer, dict)
     return answer
 
 
 def _reference_chat(llm: llama_cpp.Llama) -> dict[str, Any]:
-    answer = llm.create_chat_completion(
-        messages=MESSAGES,  # type: ignore[arg-type]  # plain dicts, as a client sends them
-        max_tokens=MAX_TOKENS,
-        temperature=0.0,
+    messages: Any = MESSAGES  # plain dicts, as a client sends them
+    answer: Any = llm.create_chat_completion(
+        messages=messages, max_tokens=MAX_TOKENS, temperature=0.0
     )
     assert isinstance(answer, dict)
     return answer
@@ -160,7 +160,7 @@ async def test_greedy_chat_equals_llama_cpp_in_process_streamed_and_not(
         model="tiny-llama",
         messages=MESSAGES,
         max_tokens=MAX_TOKENS,
-        temperature=0,  # type: ignore[arg-type]
+        temperature=0,
     )
     assert got.choices[0].message.content == want
     assert got.choices[0].message.role == "assistant"
@@ -170,7 +170,7 @@ async def test_greedy_chat_equals_llama_cpp_in_process_streamed_and_not(
 
     stream = await served.stock.chat.completions.create(
         model="tiny-llama",
-        messages=MESSAGES,  # type: ignore[arg-type]
+        messages=MESSAGES,
         max_tokens=MAX_TOKENS,
         temperature=0,
         stream=True,
@@ -230,12 +230,12 @@ async def test_requests_the_model_cannot_serve_get_openai_errors(served: Served)
             model="tiny-llama:7", messages=[{"role": "user", "content": "hi"}]
         )
     # Still serving, and a stream closed early leaves the model serving the next one.
-    stream = await stock.completions.create(
+    early = await stock.completions.create(
         model="tiny-llama", prompt=PROMPT, max_tokens=64, stream=True
     )
-    async for _ in stream:
+    async for _ in early:
         break
-    await stream.close()
+    await early.close()
     again = await stock.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=2)
     assert again.usage is not None
     assert again.usage.completion_tokens == 2
