@@ -20,7 +20,7 @@ import pytest
 
 from modelyard.app import App
 from modelyard.errors import InvalidInputError, WorkerCrashedError
-from modelyard.protocol.generate import GenerateRequest, SamplingParams
+from modelyard.protocol.generate import ChatMessage, GenerateRequest, SamplingParams
 from tests.integration.llm_models import (
     N_CTX,
     PROMPT,
@@ -126,6 +126,39 @@ async def test_greedy_output_equals_llama_cpp_in_process(
             assert whole["text_output"] == ref.detokenize(expected).decode()
         finally:
             ref.close()
+
+        # Chat: the template from the file's metadata, as llama-cpp-python's own chat
+        # completion renders it (no BOS added: the template owns it).
+        messages = [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "What is the capital of France?"},
+        ]
+        chat = GenerateRequest(
+            model="llama-a",
+            version=None,
+            prompt=None,
+            messages=tuple(ChatMessage(m["role"], m["content"]) for m in messages),
+            sampling=SamplingParams(max_tokens=12, temperature=0.0),
+        )
+        answer = await app.dataplane.generate_text(chat)
+        peer = Llama(
+            model_path=str(llm_root / "llama-a" / "1" / "model.gguf"),
+            n_ctx=N_CTX,
+            n_threads=1,
+            n_batch=64,
+            verbose=False,
+        )
+        try:
+            ref_chat = peer.create_chat_completion(
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=12,
+                temperature=0.0,
+            )
+        finally:
+            peer.close()
+        assert isinstance(ref_chat, dict)
+        assert answer["text"] == ref_chat["choices"][0]["message"]["content"]
+        assert answer["usage"] == ref_chat["usage"]
 
         metrics = (await client.get("/metrics")).text
         assert 'modelyard_generation_generated_tokens_total{model="llama-a",version="1"}' in metrics

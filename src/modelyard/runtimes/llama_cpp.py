@@ -277,7 +277,9 @@ class LlamaCppRuntime:
         while free and self._waiting:
             job = self._waiting.pop(0)
             try:
-                prompt = self._tokenize(self._render(job))
+                # A chat template writes its own BOS, as in llama-cpp-python's chat
+                # completion; a plain prompt gets the model's BOS added.
+                prompt = self._tokenize(self._render(job), add_bos=job.messages is None)
                 check_context(len(prompt), job.max_tokens, self._n_ctx)
             except ServerError as exc:
                 self._fail(job.seq, exc)
@@ -406,14 +408,14 @@ class LlamaCppRuntime:
         assert isinstance(text, str)
         return text
 
-    def _tokenize(self, text: str) -> list[int]:
+    def _tokenize(self, text: str, *, add_bos: bool) -> list[int]:
         # As llama-cpp-python's own completion does: BOS if the model asks for it, and
         # special tokens in the text (a rendered chat template) parsed as such.
         llama = self._llama
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (llama.llama_token * n_max)()
-        n = llama.llama_tokenize(self._vocab, data, len(data), buf, n_max, True, True)
+        n = llama.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_bos, True)
         if n < 0:
             raise InvalidInputError(f"the prompt needs {-n} tokens; it could not be tokenized")
         if n == 0:
