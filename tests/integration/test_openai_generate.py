@@ -115,6 +115,7 @@ def _reference_chat(llm: llama_cpp.Llama) -> dict[str, Any]:
     return answer
 
 
+@pytest.mark.slow  # loads the reference model in this process too
 @pytest.mark.asyncio(loop_scope="module")
 async def test_greedy_completion_equals_llama_cpp_in_process(
     served: Served, reference: llama_cpp.Llama
@@ -149,6 +150,7 @@ async def test_greedy_completion_equals_llama_cpp_in_process(
     assert all(f is None for f in finishes[:-1])
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 async def test_greedy_chat_equals_llama_cpp_in_process_streamed_and_not(
     served: Served, reference: llama_cpp.Llama
@@ -240,7 +242,7 @@ async def test_requests_the_model_cannot_serve_get_openai_errors(served: Served)
     assert again.usage is not None
     assert again.usage.completion_tokens == 2
     listed = [m.id for m in (await stock.models.list()).data]
-    assert listed == ["add", "tiny-long", "tiny-llama"]
+    assert listed == ["add", "tiny-llama", "tiny-long"]
 
 
 @pytest.mark.asyncio(loop_scope="module")
