@@ -47,6 +47,7 @@ from typing import Any
 
 import _server
 import httpx
+
 from modelyard.examples.gguf_llama import SHAPES, write_llama_gguf
 
 PROMPT = (
@@ -75,11 +76,27 @@ class Outcome:
     text: str
 
 
+TOKENIZER: Any = None
+"""A vocabulary-only ``Llama`` of the benchmark's files (they share one vocabulary): every
+system's output is counted by tokenizing its text, so all are counted alike (the peer
+does not send ``usage`` in streams)."""
+
+
+def count_tokens(text: str) -> int:
+    """Tokens of ``text`` in the benchmark models' vocabulary."""
+    return len(TOKENIZER.tokenize(text.encode(), add_bos=False, special=False))
+
+
 async def stream_completion(
-    client: httpx.AsyncClient, model: str, max_tokens: int, prompt: str = PROMPT
+    client: httpx.AsyncClient,
+    model: str,
+    max_tokens: int,
+    prompt: str = PROMPT,
+    extra: dict[str, Any] | None = None,
 ) -> Outcome:
     """``POST /v1/completions`` with ``stream: true``; time the first text and the end."""
-    body = {
+    body: dict[str, Any] = {
+        **(extra or {}),
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
@@ -109,7 +126,9 @@ async def stream_completion(
                     parts.append(choice["text"])
     total = time.perf_counter() - started
     text = "".join(parts)
-    tokens = usage["completion_tokens"] if usage else 0
+    tokens = count_tokens(text)
+    if usage is not None and usage["completion_tokens"] != tokens:
+        tokens = usage["completion_tokens"]  # the server's own count, where it gives one
     return Outcome(model, ttft if ttft is not None else total, total, tokens, text)
 
 
@@ -141,8 +160,7 @@ class Bare:
             parts.append(text)
         total = time.perf_counter() - started
         text = "".join(parts)
-        tokens = len(self.llm.tokenize(text.encode(), add_bos=False, special=False))
-        return Outcome("bare", ttft or total, total, tokens, text)
+        return Outcome("bare", ttft or total, total, count_tokens(text), text)
 
 
 # ---------------------------------------------------------------------------- servers
@@ -240,8 +258,18 @@ def modelyard_models(files: dict[str, Path], root: Path, parallel: int) -> list[
 # ---------------------------------------------------------------------------- (a)
 
 
+PEER_EXTRA = {"repeat_penalty": 1.0}
+"""llama_cpp.server applies a repeat penalty of 1.1 unless told otherwise; greedy on the
+other two means none."""
+
+
 async def run_clients(
-    url: str, model: str, max_tokens: int, requests: int, concurrency: int
+    url: str,
+    model: str,
+    max_tokens: int,
+    requests: int,
+    concurrency: int,
+    extra: dict[str, Any] | None = None,
 ) -> tuple[list[Outcome], float]:
     """``requests`` streamed completions, ``concurrency`` at a time; outcomes, wall time."""
     todo = list(range(requests))
@@ -251,7 +279,7 @@ async def run_clients(
         async def user() -> None:
             while todo:
                 todo.pop()
-                outcomes.append(await stream_completion(client, model, max_tokens))
+                outcomes.append(await stream_completion(client, model, max_tokens, extra=extra))
 
         started = time.perf_counter()
         await asyncio.gather(*(user() for _ in range(concurrency)))
@@ -285,6 +313,10 @@ def part_a(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
     cfg = _server.write_config(
         root, modelyard_models(files, root, args.parallel), name="a.yaml", budget_mb=4096
     )
+    global TOKENIZER
+    import llama_cpp
+
+    TOKENIZER = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     bare = Bare(path)
     results: dict[str, dict[str, list[dict[str, float]]]] = {}
     texts: dict[str, str] = {}
@@ -307,8 +339,11 @@ def part_a(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
                         outs = [bare.run(args.max_tokens) for _ in range(n)]
                         wall = time.perf_counter() - started
                     else:
+                        extra = PEER_EXTRA if system == "llama_cpp.server" else None
                         outs, wall = asyncio.run(
-                            run_clients(urls[system], "llm-a", args.max_tokens, n, concurrency)
+                            run_clients(
+                                urls[system], "llm-a", args.max_tokens, n, concurrency, extra
+                            )
                         )
                     texts.setdefault(system, outs[0].text)
                     results.setdefault(f"c{concurrency}", {}).setdefault(system, []).append(
@@ -349,10 +384,12 @@ def bare_load_s(path: Path, repeats: int) -> float:
     return statistics.median(times)
 
 
-async def run_mix(url: str, mix: Sequence[str], max_tokens: int) -> list[Outcome]:
+async def run_mix(
+    url: str, mix: Sequence[str], max_tokens: int, extra: dict[str, Any] | None = None
+) -> list[Outcome]:
     """The mix at concurrency 1, in order."""
     async with httpx.AsyncClient(base_url=url, timeout=300) as client:
-        return [await stream_completion(client, model, max_tokens) for model in mix]
+        return [await stream_completion(client, m, max_tokens, extra=extra) for m in mix]
 
 
 def switch_seconds(outcomes: Sequence[Outcome], switched: Sequence[bool]) -> list[float]:
@@ -392,12 +429,18 @@ def part_b(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
     )
     with _server.Server(probe_cfg, root / "probe.log") as probe:
         probe.post("/v2/repository/models/llm-1/load")
-        reserved = float(probe.model_stats("llm-1").get("bytes", 0))
+        row = probe.model_stats("llm-1")
+        reserved = float(max(row.get("reserved_bytes") or 0, row.get("measured_bytes") or 0))
     budget_mb = 2.5 * reserved / (1 << 20)
     cfg = _server.write_config(
         root, modelyard_models(files, root, 1), name="b.yaml", budget_mb=budget_mb
     )
     mix = zipf_mix(names, args.mix_requests, args.zipf, seed=7)
+    global TOKENIZER
+    if TOKENIZER is None:
+        import llama_cpp
+
+        TOKENIZER = llama_cpp.Llama(model_path=str(files["llm-1"]), vocab_only=True, verbose=False)
     out: dict[str, Any] = {"budget_mb": budget_mb, "reserved_mb": reserved / (1 << 20), "mix": mix}
     with _server.Server(cfg, root / "b.log") as ours:
         switched: list[bool] = []
@@ -409,8 +452,9 @@ def part_b(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
             switched.append(after[model] > before[model])
             before = after
         out["modelyard"] = _mix_summary(outcomes, switched)
+        out["modelyard_last_load"] = {n: ours.model_stats(n)["last_load"] for n in names}
     with Peer(files, root, peer_python, args.peer_path) as peer:
-        outcomes = asyncio.run(run_mix(peer.url, mix, args.max_tokens_b))
+        outcomes = asyncio.run(run_mix(peer.url, mix, args.max_tokens_b, PEER_EXTRA))
         # The peer holds one model: every change of model is a swap (the first request
         # loads too, as on modelyard where nothing is preloaded).
         switched = [i == 0 or mix[i] != mix[i - 1] for i in range(len(mix))]
