@@ -55,7 +55,10 @@ PROMPT = (
     "the sky and the mountains."
 )
 N_CTX = 512
-THREADS = 2
+THREADS = 1
+"""Decode threads of every system (``--threads``). One by default: on a 2-core machine
+shared with other work, llama.cpp's two OpenMP threads spin against each other and
+decode 5-15x slower than one, which would measure the contention, not the servers."""
 TARGET_TOKENS_RATIO = 0.95
 TARGET_TTFT_DELTA_MS = 5.0
 TARGET_SWITCH_RATIO = 0.5
@@ -364,8 +367,8 @@ def zipf_mix(models: Sequence[str], n: int, s: float, seed: int) -> list[str]:
 _BARE_LOAD = """
 import sys, time, llama_cpp
 t0 = time.perf_counter()
-llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=int(sys.argv[2]), n_threads=2,
-                      verbose=False)
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=int(sys.argv[2]),
+                      n_threads=int(sys.argv[3]), verbose=False)
 print(time.perf_counter() - t0)
 """
 
@@ -375,7 +378,7 @@ def bare_load_s(path: Path, repeats: int) -> float:
     times = []
     for _ in range(repeats):
         out = subprocess.run(
-            [sys.executable, "-c", _BARE_LOAD, str(path), str(N_CTX)],
+            [sys.executable, "-c", _BARE_LOAD, str(path), str(N_CTX), str(THREADS)],
             capture_output=True,
             text=True,
             check=True,
@@ -567,7 +570,9 @@ def main() -> None:
     parser.add_argument("--peer-python", default=sys.executable)
     parser.add_argument("--peer-path", default=None, help="extra PYTHONPATH for the peer")
     parser.add_argument("--only", choices=["a", "b"], default=None)
+    parser.add_argument("--threads", type=int, default=THREADS)
     args = parser.parse_args()
+    globals()["THREADS"] = args.threads
     if args.quick:
         args.rounds, args.requests, args.mix_requests, args.load_repeats = 1, 3, 20, 2
         args.max_tokens = 32
