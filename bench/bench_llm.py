@@ -79,6 +79,16 @@ class Outcome:
     text: str
 
 
+_SERIAL = iter(range(1, 1 << 30))
+
+
+def fresh_prompt() -> str:
+    """The prompt behind a number never used before: llama-cpp-python (the bare baseline
+    and the peer) reuses the KV cache of a repeated prompt, which would skip the prompt
+    evaluation that every real request pays."""
+    return f"{next(_SERIAL)}. {PROMPT}"
+
+
 TOKENIZER: Any = None
 """A vocabulary-only ``Llama`` of the benchmark's files (they share one vocabulary): every
 system's output is counted by tokenizing its text, so all are counted alike (the peer
@@ -94,14 +104,14 @@ async def stream_completion(
     client: httpx.AsyncClient,
     model: str,
     max_tokens: int,
-    prompt: str = PROMPT,
+    prompt: str | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Outcome:
     """``POST /v1/completions`` with ``stream: true``; time the first text and the end."""
     body: dict[str, Any] = {
         **(extra or {}),
         "model": model,
-        "prompt": prompt,
+        "prompt": prompt or fresh_prompt(),
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
@@ -149,13 +159,13 @@ class Bare:
             verbose=False,
         )
 
-    def run(self, max_tokens: int) -> Outcome:
+    def run(self, max_tokens: int, prompt: str | None = None) -> Outcome:
         """One streamed completion: TTFT at the first text, tokens from the count."""
         started = time.perf_counter()
         ttft = None
         parts = []
         for chunk in self.llm.create_completion(
-            PROMPT, max_tokens=max_tokens, temperature=0.0, stream=True
+            prompt or fresh_prompt(), max_tokens=max_tokens, temperature=0.0, stream=True
         ):
             text = chunk["choices"][0]["text"]  # type: ignore[index]
             if text and ttft is None:
@@ -289,6 +299,13 @@ async def run_clients(
         return outcomes, time.perf_counter() - started
 
 
+async def _fixed_text(url: str, max_tokens: int, system: str) -> str:
+    extra = PEER_EXTRA if system == "llama_cpp.server" else None
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        out = await stream_completion(client, "llm-a", max_tokens, PROMPT, extra)
+    return out.text
+
+
 def summarise(outcomes: Sequence[Outcome], wall_s: float) -> dict[str, float]:
     """Tokens/s over the wall time, median and p99 TTFT (ms)."""
     ttfts = sorted(o.ttft_s * 1000 for o in outcomes)
@@ -331,6 +348,10 @@ def part_a(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
         for url in urls.values():  # load and warm both
             asyncio.run(run_clients(url, "llm-a", 8, 2, 1))
         bare.run(8)
+        # The same greedy text from all three on one fixed prompt.
+        texts["bare"] = bare.run(args.max_tokens, PROMPT).text
+        for system, url in urls.items():
+            texts[system] = asyncio.run(_fixed_text(url, args.max_tokens, system))
         systems = ["bare", "modelyard", "llama_cpp.server"]
         for round_no in range(args.rounds):
             order = systems[round_no % 3 :] + systems[: round_no % 3]
@@ -348,7 +369,6 @@ def part_a(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
                                 urls[system], "llm-a", args.max_tokens, n, concurrency, extra
                             )
                         )
-                    texts.setdefault(system, outs[0].text)
                     results.setdefault(f"c{concurrency}", {}).setdefault(system, []).append(
                         summarise(outs, wall)
                     )
