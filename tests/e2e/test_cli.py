@@ -219,3 +219,15 @@ def test_a_preloaded_model_that_cannot_load_stops_serve_with_a_clear_message(
     assert f"{cfg}: models[0]: preload of broken:1" in out.stderr
     assert "exit_on_error: false" in out.stderr
     assert "Traceback" not in out.stderr, out.stderr
+
+
+def test_the_examples_text_generator_answers(server: str) -> None:
+    pytest.importorskip("llama_cpp", reason="the llm extra serves the example GGUF models")
+    r = httpx.post(
+        f"{server}/v2/models/llama-tiny/generate",
+        json={"text_input": "Hello world!", "parameters": {"max_tokens": 8, "temperature": 0}},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["completion_tokens"] == 8
+    assert r.json()["finish_reason"] == "length"

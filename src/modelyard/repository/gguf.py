@@ -126,6 +126,7 @@ class LlamaDims:
     head_dim_k: int
     head_dim_v: int
     vocab_size: int
+    feed_forward: int = 0
 
     def kv_bytes_per_token(self, element_bytes: int = 2) -> int:
         """KV-cache bytes one token of one sequence takes: layers x KV heads x head size
@@ -161,4 +162,5 @@ def llama_dims(meta: dict[str, GGUFValue]) -> LlamaDims:
         head_dim_k=num("attention.key_length", head_dim),
         head_dim_v=num("attention.value_length", head_dim),
         vocab_size=tokens.length if isinstance(tokens, ArrayInfo) else 0,
+        feed_forward=num("feed_forward_length", 4 * width),
     )

@@ -129,6 +129,9 @@ class ProcessInstance(WorkerLink):
             warmup_s = time.perf_counter() - t1
             sample = await self.sample_memory()
             footprint, mapped = await self._weights_apart(request.spec, sample)
+            # llama.cpp allocates the whole KV cache at load, but its pages become
+            # resident only as sequences fill it: charge it whole, as at full context.
+            footprint += loaded.kv_cache_bytes
         except BaseException as exc:
             await self._abort()
             if isinstance(exc, ModelLoadError | asyncio.CancelledError):

@@ -124,6 +124,7 @@ function renderModels(stats) {
     },
     cell("name", m.name), cell("version", m.version), state, cell("device", m.device),
     cell("num reserved", bytes(m.reserved_bytes)), cell("num measured", bytes(m.measured_bytes)),
+    cell("num kv-cache", m.worker?.kv_cache_bytes ? bytes(m.worker.kv_cache_bytes) : "–"),
     cell("num requests", m.requests), cell("num pending", m.pending),
     cell("num cold-starts", m.cold_starts), cell("num evictions", m.evictions),
     cell("num restarts", m.restarts),
