@@ -100,6 +100,11 @@ REST_PLANES = [
     ("GET", "/v2/models/m/ready", Plane.DATA),
     ("GET", "/v2/models/m/versions/3/ready", Plane.DATA),
     ("POST", "/predict", Plane.DATA),
+    ("GET", "/v1/models", Plane.DATA),
+    ("GET", "/v1/models/m", Plane.DATA),
+    ("POST", "/v1/completions", Plane.DATA),
+    ("POST", "/v1/chat/completions", Plane.DATA),
+    ("POST", "/v1/embeddings", Plane.DATA),
     ("GET", "/v2/health/details", Plane.MANAGEMENT),
     ("GET", "/v2/stats", Plane.MANAGEMENT),
     ("GET", "/v2/stats/timeseries", Plane.MANAGEMENT),
@@ -115,6 +120,8 @@ REST_PLANES = [
     ("GET", "/v2/models/m/extra/infer", Plane.MANAGEMENT),
     ("GET", "/v2/models/m/../../repository/index", Plane.MANAGEMENT),
     ("GET", "/anything", Plane.MANAGEMENT),
+    ("GET", "/v1/models/m/extra", Plane.MANAGEMENT),
+    ("POST", "/v1/chat/completions/", Plane.MANAGEMENT),
 ]
 
 
@@ -129,8 +136,13 @@ def test_every_rest_route_is_classified_as_intended(tmp_path: Path) -> None:
 
     app = App(load_settings(None, model_repository=str(tmp_path)))
     from modelyard.frontends.http.app import RestApi
+    from modelyard.frontends.http.openai import OpenAIApi
 
-    routes = [*RestApi(app.dataplane, 1).routes(), *app.extra_routes()]
+    routes = [
+        *RestApi(app.dataplane, 1).routes(),
+        *OpenAIApi(app.dataplane, 1).routes(),
+        *app.extra_routes(),
+    ]
     seen = set()
     for route in routes:
         assert isinstance(route, Route)
@@ -141,7 +153,7 @@ def test_every_rest_route_is_classified_as_intended(tmp_path: Path) -> None:
             seen.add(plane)
             if path.startswith(("/v2/repository", "/v2/stats")) or path == "/v2/health/details":
                 assert plane is Plane.MANAGEMENT, (method, path)
-            elif path.startswith("/v2/models/") or path == "/predict":
+            elif path.startswith(("/v2/models/", "/v1/")) or path == "/predict":
                 assert plane is Plane.DATA, (method, path)
             elif path == "/metrics":
                 assert plane is Plane.METRICS

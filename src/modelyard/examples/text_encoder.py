@@ -20,10 +20,11 @@ MAX_TOKENS = 256
 
 
 class TextEncoder:
-    """BYTES ``text`` [batch] → FP32 ``embedding`` [batch, 384], L2-normalised."""
+    """BYTES ``text`` [batch] → FP32 ``embedding`` [batch, 384], L2-normalised, and
+    INT64 ``tokens`` [batch], the tokens each text was read as (OpenAI's ``usage``)."""
 
     inputs = [TensorSpec("text", "BYTES", (-1,))]
-    outputs = [TensorSpec("embedding", "FP32", (-1, 384))]
+    outputs = [TensorSpec("embedding", "FP32", (-1, 384)), TensorSpec("tokens", "INT64", (-1,))]
 
     def __init__(self) -> None:
         self._tokenizer: Any = None
@@ -58,4 +59,7 @@ class TextEncoder:
             "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
         }
         (embedding,) = self._session.run(["embedding"], feeds)
-        return {"embedding": np.asarray(embedding, dtype=np.float32)}
+        return {
+            "embedding": np.asarray(embedding, dtype=np.float32),
+            "tokens": feeds["attention_mask"].sum(axis=1),
+        }

@@ -16,7 +16,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
 from modelyard.config.limits import LimitsConfig
-from modelyard.errors import InvalidInputError
+from modelyard.errors import InvalidInputError, ModelNotFoundError, NotSupportedError
 from modelyard.frontends.auth import Authorizer
 from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.auth import AuthLayer
@@ -25,6 +25,8 @@ from modelyard.frontends.http.errors import guarded
 from modelyard.frontends.http.fastpath import InferFastPath, InferHandler
 from modelyard.frontends.http.generate import GenerateApi
 from modelyard.frontends.http.limits import RouteLimits
+from modelyard.frontends.http.openai import OpenAIApi
+from modelyard.frontends.http.openai_errors import error_response_at
 from modelyard.frontends.http.openapi import openapi_routes
 from modelyard.protocol.types import TIMEOUT_HEADER
 
@@ -139,11 +141,15 @@ class RestApi:
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
-    return json_response({"error": f"no route for {request.method} {request.url.path}"}, 404)
+    message = f"no route for {request.method} {request.url.path}"
+    return error_response_at(request.url.path, ModelNotFoundError(message))
 
 
 async def _method_not_allowed(request: Request, exc: Exception) -> Response:
-    return json_response({"error": f"{request.method} is not allowed on {request.url.path}"}, 405)
+    message = f"{request.method} is not allowed on {request.url.path}"
+    response = error_response_at(request.url.path, NotSupportedError(message))
+    response.status_code = 405
+    return response
 
 
 def create_app(
@@ -160,7 +166,12 @@ def create_app(
     ``max_request_bytes``, every other route's by ``max_control_body_bytes``."""
     api = RestApi(dataplane, max_request_bytes)
     app = Starlette(
-        routes=[*api.routes(), *openapi_routes(), *(extra_routes or [])],
+        routes=[
+            *api.routes(),
+            *OpenAIApi(dataplane, max_request_bytes).routes(),
+            *openapi_routes(),
+            *(extra_routes or []),
+        ],
         exception_handlers={404: _not_found, 405: _method_not_allowed},
     )
     control = max_control_body_bytes or LimitsConfig().max_control_body_bytes

@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from modelyard.errors import ServerError
 from modelyard.frontends.auth import Authorizer, Plane
-from modelyard.frontends.http.errors import error_response
+from modelyard.frontends.http.openai_errors import error_response_at
 
 _OPEN_PATHS = frozenset(
     {
@@ -31,6 +31,7 @@ _OPEN_METHODS = frozenset({"GET", "HEAD"})
 _DASHBOARD_ASSET = re.compile(r"/dashboard/[^/]+")
 _DATA_PATH = re.compile(
     r"/v2/models/[^/]+(?:/versions/[^/]+)?(?:/infer|/ready|/generate|/generate_stream)?|/predict"
+    r"|/v1/models(?:/[^/]+)?|/v1/completions|/v1/chat/completions|/v1/embeddings"
 )
 
 
@@ -73,6 +74,6 @@ class AuthLayer:
                     if scope["type"] == "websocket":
                         await send({"type": "websocket.close", "code": _WS_POLICY_VIOLATION})
                     else:
-                        await error_response(exc)(scope, receive, send)
+                        await error_response_at(scope["path"], exc)(scope, receive, send)
                     return
         await self.app(scope, receive, send)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelyard.errors import PayloadTooLargeError
-from modelyard.frontends.http.errors import error_response
 from modelyard.frontends.http.fastpath import is_infer_path
+from modelyard.frontends.http.openai_errors import error_response_at
 
 
 def is_generate_path(path: str) -> bool:
@@ -14,8 +14,8 @@ def is_generate_path(path: str) -> bool:
     return path.startswith("/v2/models/") and path.endswith(("/generate", "/generate_stream"))
 
 
-_DATA_ROUTES = ("/predict",)
-"""Routes besides infer whose bodies carry tensors (the larger limit)."""
+_DATA_ROUTES = frozenset({"/predict", "/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
+"""Routes besides infer and generate whose bodies carry tensors or prompts (the larger limit)."""
 
 
 class BodyLimit:
@@ -43,7 +43,7 @@ class BodyLimit:
                     f"request body of {int(value)} bytes is over the {limit}-byte limit "
                     f"({self.what})"
                 )
-                await error_response(exc)(scope, receive, send)
+                await error_response_at(scope["path"], exc)(scope, receive, send)
                 return
         received = 0
         started = False
@@ -69,7 +69,7 @@ class BodyLimit:
         except PayloadTooLargeError as exc:
             if started:
                 raise
-            await error_response(exc)(scope, receive, send)
+            await error_response_at(scope["path"], exc)(scope, receive, send)
 
 
 class RouteLimits:
