@@ -170,8 +170,9 @@ def _check_curl(command: str, response: httpx.Response) -> None:
         states = {row["name"]: row["state"] for row in body}
         assert states["iris-logreg"] == "READY"
     elif "minilm-text" in command:
-        (embedding,) = body["outputs"].values()
+        embedding = body["outputs"]["embedding"]
         assert len(embedding[0]) == 384
+        assert body["outputs"]["tokens"][0] > 0  # "hello world": at least its two words
     else:
         pytest.fail(f"README curl line with no expected answer here: {command}")
 

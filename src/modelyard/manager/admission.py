@@ -128,6 +128,18 @@ class Admission:
         except (OSError, GGUFError):
             return None
 
+    def too_big(
+        self, record: ModelRecord, whole: int, budget_bytes: int, where: str
+    ) -> MemoryBudgetError:
+        """The refusal of a model bigger than a whole budget; a generative model's names
+        the arithmetic of its estimate (weights, KV cache, buffers) and what to lower."""
+        gguf = self.gguf_estimate(record)
+        why = "" if gguf is None else f" ({gguf.arithmetic()}): lower n_ctx or parallel"
+        return MemoryBudgetError(
+            f"model {record.key} needs {whole / _MIB:.1f} MiB, more than the whole "
+            f"{budget_bytes / _MIB:.1f} MiB {where}{why}"
+        )
+
     def mapped_files(self, record: ModelRecord) -> list[SharedFile]:
         """The weight files ``record``'s replica will memory-map: ``share_weights`` ONNX
         external data, or a ``llama_cpp`` model's GGUF file (always mapped)."""
@@ -220,12 +232,7 @@ class Admission:
         files = self.mapped_files(record)
         whole = need + sum(f.size for f in set(files))
         if whole > dev.budget_bytes:
-            gguf = self.gguf_estimate(record)
-            why = "" if gguf is None else f" ({gguf.arithmetic()}): lower n_ctx or parallel"
-            raise MemoryBudgetError(
-                f"model {record.key} needs {whole / _MIB:.1f} MiB, more than the whole "
-                f"{dev.budget_bytes / _MIB:.1f} MiB budget of {device}{why}"
-            )
+            raise self.too_big(record, whole, dev.budget_bytes, f"budget of {device}")
         began = self._clock.monotonic()
         while True:
             if self.budget.try_reserve(device, holder, need, files):

@@ -134,8 +134,11 @@ class Placer:
                 why = f"{name}: fits after evicting {', '.join(gone) or 'what is leaving'}"
                 options.append((_Cost(1, reload_s, freed, same, load, preference), name, why))
                 continue
+            # Models still loading become evictable once READY: with the READY ones they
+            # may make room, and admission then waits for them rather than refuse.
             loading = self._admission.candidates(record, loading=True, device=name)
-            keys = leaving + [k for r in loading for k in self._admission.holders(r, name)]
+            ready = self._admission.candidates(record, device=name)
+            keys = leaving + [k for r in ready + loading for k in self._admission.holders(r, name)]
             if loading and budget.freed_by(name, keys, files) >= missing:
                 why = f"{name}: fits once {', '.join(str(r.key) for r in loading)} finish loading"
                 options.append((_Cost(2, 0.0, 0, same, load, preference), name, why))
@@ -156,10 +159,7 @@ class Placer:
                     if len(allowed) == 1
                     else f"budget of {name} (and of every device it allows: {detail})"
                 )
-                raise MemoryBudgetError(
-                    f"model {record.key} needs {whole / _MIB:.1f} MiB, more than the whole "
-                    f"{budget_bytes / _MIB:.1f} MiB {where}"
-                )
+                raise self._admission.too_big(record, whole, budget_bytes, where)
             if full:
                 # Devices exist but are full: the budget's own refusal names what is in
                 # the way (pinned, higher priority) on the first of them.
