@@ -436,13 +436,17 @@ class Loader:
         self.fail(record, f"worker died ({reason}); restarts failed", "restart_failed")
 
 
+_SERVER_SIDE: set[str] = {"brownout_max_tokens", "brownout_queue_depth"}
+
+
 def _runtime_options(cfg: ModelConfig) -> dict[str, str]:
     """The runtime's options: the config's, plus a generative model's ``generation:``
-    settings (n_ctx, n_threads, n_gpu_layers, parallel, n_batch) as strings."""
+    settings (n_ctx, n_threads, n_gpu_layers, parallel, n_batch) as strings; the
+    brownout settings stay in the server, which applies them."""
     options = dict(cfg.options)
     if cfg.is_generative:
         gen = cfg.generation
-        for key, value in gen.model_dump().items():
+        for key, value in gen.model_dump(exclude=_SERVER_SIDE).items():
             if value is not None:
                 options[key] = str(value)
     return options
