@@ -54,6 +54,10 @@ class GenerationConfig(BaseModel):
     waiting when a request arrives (0: every slot busy is enough)."""
 
 
+BROWNOUT_KEYS = {"brownout_max_tokens", "brownout_queue_depth"}
+"""The ``generation:`` keys the server applies itself (never passed to a runtime)."""
+
+
 class VersionPolicy(BaseModel):
     """Which versions of a model are served (Triton's ``version_policy``)."""
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 
 from modelyard.clock import Clock
-from modelyard.config.model_config import ModelConfig
+from modelyard.config.model_config import BROWNOUT_KEYS, ModelConfig
 from modelyard.config.settings import ServerSettings
 from modelyard.errors import (
     DeadlineExceededError,
@@ -436,17 +436,14 @@ class Loader:
         self.fail(record, f"worker died ({reason}); restarts failed", "restart_failed")
 
 
-_SERVER_SIDE: set[str] = {"brownout_max_tokens", "brownout_queue_depth"}
-
-
 def _runtime_options(cfg: ModelConfig) -> dict[str, str]:
     """The runtime's options: the config's, plus a generative model's ``generation:``
-    settings (n_ctx, n_threads, n_gpu_layers, parallel, n_batch) as strings; the
-    brownout settings stay in the server, which applies them."""
+    settings (n_ctx, n_threads, n_gpu_layers, parallel, n_batch) as strings; brownout's
+    stay in the server, which applies them."""
     options = dict(cfg.options)
     if cfg.is_generative:
         gen = cfg.generation
-        for key, value in gen.model_dump(exclude=_SERVER_SIDE).items():
+        for key, value in gen.model_dump(exclude=BROWNOUT_KEYS).items():
             if value is not None:
                 options[key] = str(value)
     return options
