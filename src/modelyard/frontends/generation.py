@@ -154,6 +154,9 @@ class Generation:
 
         Deadlines: the first token must come within the model's ``timeout_s`` (a load
         waited for does not count), and the client's ``timeout_s`` caps the whole stream.
+        Brownout: a request that finds the model overloaded on arrival (see
+        :mod:`modelyard.scheduling.brownout`) runs with ``max_tokens`` capped at the
+        model's ``brownout_max_tokens``; its chunks carry ``max_tokens_capped_to``.
         """
         if not self.is_serving():
             raise ModelNotReadyError("server is not ready (starting or shutting down)")
@@ -190,6 +193,8 @@ class Generation:
                         request, sampling=replace(request.sampling, max_tokens=capped)
                     )
                 async with gate.slot(priority, route.deadline):
+                    if capped is not None and metrics is not None:
+                        metrics.brownout(record.key.name)  # admitted: not refused below
                     instance = record.instance
                     if not isinstance(instance, GenerativeInstance):
                         raise ModelNotReadyError(f"model {record.key} is not ready")
@@ -271,7 +276,7 @@ class Generation:
     ) -> int | None:
         # Decided on arrival, before the request joins the queue: the state it finds.
         gen = record.config.generation
-        cap = brownout_cap(
+        return brownout_cap(
             request.sampling.max_tokens,
             gen.brownout_max_tokens,
             running=gate.running,
@@ -279,9 +284,6 @@ class Generation:
             queued=gate.queued,
             queue_depth=gen.brownout_queue_depth,
         )
-        if cap is not None and self.metrics is not None:
-            self.metrics.brownout(record.key.name)
-        return cap
 
     def _gate(self, record: ModelRecord) -> GenerationGate:
         gate = self._gates.get(record.key)

@@ -191,8 +191,8 @@ class Metrics:
         )
         self.brownouts = Counter(
             "modelyard_generation_brownouts",
-            "Generation requests whose max_tokens brownout capped (the model was overloaded "
-            "when they arrived), by model.",
+            "Generation requests run with max_tokens capped by brownout (the model was "
+            "overloaded when they arrived; counted once given a slot), by model.",
             ["model"],
             registry=registry,
         )
