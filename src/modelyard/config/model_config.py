@@ -46,6 +46,16 @@ class GenerationConfig(BaseModel):
     queue. The KV cache holds ``n_ctx`` tokens for each."""
     n_batch: PositiveInt = 512
     """Prompt tokens evaluated per llama.cpp decode call."""
+    brownout_max_tokens: PositiveInt | None = None
+    """Under overload, each newly admitted request's ``max_tokens`` is capped at this and
+    its answer is marked (see :mod:`modelyard.scheduling.brownout`); None: brownout off."""
+    brownout_queue_depth: NonNegativeInt = 0
+    """Overload: every ``parallel`` slot busy and at least this many requests already
+    waiting when a request arrives (0: every slot busy is enough)."""
+
+
+BROWNOUT_KEYS = {"brownout_max_tokens", "brownout_queue_depth"}
+"""The ``generation:`` keys the server applies itself (never passed to a runtime)."""
 
 
 class VersionPolicy(BaseModel):

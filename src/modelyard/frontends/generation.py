@@ -29,6 +29,7 @@ from modelyard.manager.records import ModelKey, ModelRecord
 from modelyard.manager.router import Router
 from modelyard.observability.metrics import OK, Metrics
 from modelyard.protocol.generate import (
+    BROWNOUT_KEY,
     SAMPLING_KEYS,
     GenerateChunk,
     GenerateRequest,
@@ -36,6 +37,7 @@ from modelyard.protocol.generate import (
     sampling_from_params,
 )
 from modelyard.protocol.names import check_model_name, check_version_name
+from modelyard.scheduling.brownout import brownout_cap
 from modelyard.scheduling.generation_gate import GenerationGate
 from modelyard.workers.instance import GenerationCounters, GenerativeInstance
 
@@ -109,7 +111,8 @@ class Generation:
 
     async def generate_text(self, request: GenerateRequest) -> dict[str, object]:
         """The whole generation as one answer: ``{"model", "version", "text",
-        "finish_reason", "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}``."""
+        "finish_reason", "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}``,
+        plus ``"max_tokens_capped_to"`` when brownout capped the request."""
         parts: list[str] = []
         last: GenerateChunk | None = None
         stream = self.generate(request)
@@ -123,7 +126,7 @@ class Generation:
             raise InternalError(f"model {request.model!r} produced no answer")
         text = "".join(parts)
         self.check_response_bytes(len(text))
-        return {
+        answer: dict[str, object] = {
             "model": request.model,
             "version": last.model_version,
             "text": text,
@@ -134,6 +137,9 @@ class Generation:
                 "total_tokens": last.prompt_tokens + last.completion_tokens,
             },
         }
+        if last.max_tokens_capped_to is not None:
+            answer[BROWNOUT_KEY] = last.max_tokens_capped_to
+        return answer
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         """Generate text for ``request``, one :class:`GenerateChunk` per piece produced.
@@ -148,6 +154,9 @@ class Generation:
 
         Deadlines: the first token must come within the model's ``timeout_s`` (a load
         waited for does not count), and the client's ``timeout_s`` caps the whole stream.
+        Brownout: a request that finds the model overloaded on arrival (see
+        :mod:`modelyard.scheduling.brownout`) runs with ``max_tokens`` capped at the
+        model's ``brownout_max_tokens``; its chunks carry ``max_tokens_capped_to``.
         """
         if not self.is_serving():
             raise ModelNotReadyError("server is not ready (starting or shutting down)")
@@ -178,7 +187,14 @@ class Generation:
                 self._check_max_tokens(record, request)
                 gate = self._gate(record)
                 priority = record.config.priority if request.priority is None else request.priority
+                capped = self._brownout(record, gate, request)
+                if capped is not None:
+                    request = replace(
+                        request, sampling=replace(request.sampling, max_tokens=capped)
+                    )
                 async with gate.slot(priority, route.deadline):
+                    if capped is not None and metrics is not None:
+                        metrics.brownout(record.key.name)  # admitted: not refused below
                     instance = record.instance
                     if not isinstance(instance, GenerativeInstance):
                         raise ModelNotReadyError(f"model {record.key} is not ready")
@@ -190,7 +206,11 @@ class Generation:
                             chunk = await self._next_chunk(record, stream, limit, first_at)
                             if first_at is None:
                                 first_at = self.clock.monotonic()
-                            chunk = replace(chunk, model_version=record.key.version)
+                            chunk = replace(
+                                chunk,
+                                model_version=record.key.version,
+                                max_tokens_capped_to=capped,
+                            )
                             last = chunk
                             yield chunk
                             if chunk.finish_reason is not None:
@@ -250,6 +270,20 @@ class Generation:
                 f"{n_ctx} tokens per sequence of model {record.key.name!r}: ask for at most "
                 f"{n_ctx - 1} new tokens"
             )
+
+    def _brownout(
+        self, record: ModelRecord, gate: GenerationGate, request: GenerateRequest
+    ) -> int | None:
+        # Decided on arrival, before the request joins the queue: the state it finds.
+        gen = record.config.generation
+        return brownout_cap(
+            request.sampling.max_tokens,
+            gen.brownout_max_tokens,
+            running=gate.running,
+            slots=gate.slots,
+            queued=gate.queued,
+            queue_depth=gen.brownout_queue_depth,
+        )
 
     def _gate(self, record: ModelRecord) -> GenerationGate:
         gate = self._gates.get(record.key)

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 
 from modelyard.clock import Clock
-from modelyard.config.model_config import ModelConfig
+from modelyard.config.model_config import BROWNOUT_KEYS, ModelConfig
 from modelyard.config.settings import ServerSettings
 from modelyard.errors import (
     DeadlineExceededError,
@@ -438,11 +438,12 @@ class Loader:
 
 def _runtime_options(cfg: ModelConfig) -> dict[str, str]:
     """The runtime's options: the config's, plus a generative model's ``generation:``
-    settings (n_ctx, n_threads, n_gpu_layers, parallel, n_batch) as strings."""
+    settings (n_ctx, n_threads, n_gpu_layers, parallel, n_batch) as strings; brownout's
+    stay in the server, which applies them."""
     options = dict(cfg.options)
     if cfg.is_generative:
         gen = cfg.generation
-        for key, value in gen.model_dump().items():
+        for key, value in gen.model_dump(exclude=BROWNOUT_KEYS).items():
             if value is not None:
                 options[key] = str(value)
     return options

@@ -189,6 +189,13 @@ class Metrics:
             ["model", "fallback", "reason"],
             registry=registry,
         )
+        self.brownouts = Counter(
+            "modelyard_generation_brownouts",
+            "Generation requests run with max_tokens capped by brownout (the model was "
+            "overloaded when they arrived; counted once given a slot), by model.",
+            ["model"],
+            registry=registry,
+        )
         if process_metrics:
             ProcessCollector(namespace="modelyard", registry=registry)
 
@@ -254,6 +261,10 @@ class Metrics:
     def fallback(self, model: str, fallback: str, reason: str) -> None:
         """A request for ``model`` was answered by ``fallback`` because of ``reason``."""
         self.fallbacks.labels(model, fallback, reason).inc()
+
+    def brownout(self, model: str) -> None:
+        """Brownout capped the ``max_tokens`` of a generation request for ``model``."""
+        self.brownouts.labels(model).inc()
 
     def cold_start_wait(self, model: str, version: str, wait_s: float) -> None:
         """A request found its model not ready and waited ``wait_s`` for the load."""

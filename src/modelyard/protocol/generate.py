@@ -86,6 +86,21 @@ class GenerateChunk:
     completion_tokens: int = 0
     model_version: str = ""
     """The version that generated it (set by the data plane; an alias resolves to one)."""
+    max_tokens_capped_to: int | None = None
+    """Set (on every chunk) when brownout capped the request's ``max_tokens`` at this value
+    because the model was overloaded; None: the request ran as asked."""
+
+
+BROWNOUT_KEY = "max_tokens_capped_to"
+"""Answer key (and SSE event key) present when brownout capped the request's
+``max_tokens``: the cap it ran under."""
+BROWNOUT_HEADER = "X-Modelyard-Brownout"
+"""HTTP response header of a brownout answer: ``max_tokens=<cap>``."""
+
+
+def brownout_header(capped_to: int) -> str:
+    """The value of :data:`BROWNOUT_HEADER` for an answer capped at ``capped_to`` tokens."""
+    return f"max_tokens={capped_to}"
 
 
 MAX_PROMPT_CHARS = 128 * 1024

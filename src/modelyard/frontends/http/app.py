@@ -23,7 +23,7 @@ from modelyard.frontends.http.auth import AuthLayer
 from modelyard.frontends.http.bodies import json_response, read_json
 from modelyard.frontends.http.errors import guarded
 from modelyard.frontends.http.fastpath import InferFastPath, InferHandler
-from modelyard.frontends.http.generate import GenerateApi
+from modelyard.frontends.http.generate import GenerateApi, mark_brownout
 from modelyard.frontends.http.limits import RouteLimits
 from modelyard.frontends.http.openai import OpenAIApi
 from modelyard.frontends.http.openai_errors import error_response_at
@@ -81,9 +81,11 @@ class RestApi:
         ``X-Modelyard-Timeout-Ms`` header, mean what they mean on the infer route.
         """
         doc = await self._json_body(request, allow_empty=False)
-        answer = json_response(await self.dp.predict(doc, request.headers.get(TIMEOUT_HEADER)))
-        self.dp.check_response_bytes(len(answer.body))
-        return answer
+        answer = await self.dp.predict(doc, request.headers.get(TIMEOUT_HEADER))
+        response = json_response(answer)
+        self.dp.check_response_bytes(len(response.body))
+        mark_brownout(response, answer)
+        return response
 
     # ------------------------------------------------------------------ repository
 

@@ -9,10 +9,12 @@ top-level fields to the model's inputs. ``priority`` and ``timeout`` (µs), and 
 ``X-Modelyard-Timeout-Ms`` header, mean what they mean on the infer route.
 
 Answers: ``{"model_name", "model_version", "text_output"}`` plus ``finish_reason`` and
-the token counts. A failure before the first event is an ordinary error response (404,
-400, 429, 504…); a failure after it is a last event ``{"error": "...", "code": ...}``,
-since the status line has gone already. A client that disconnects closes the stream,
-which stops generation in the worker.
+the token counts; under brownout (the model overloaded, see
+:mod:`modelyard.scheduling.brownout`) also ``max_tokens_capped_to`` (on every event of a
+stream) and the ``X-Modelyard-Brownout: max_tokens=N`` header. A failure before the
+first event is an ordinary error response (404, 400, 429, 504…); a failure after it is a
+last event ``{"error": "...", "code": ...}``, since the status line has gone already. A
+client that disconnects closes the stream, which stops generation in the worker.
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.bodies import json_response, read_json
 from modelyard.frontends.http.errors import answer_error, log
 from modelyard.protocol.generate import (
+    BROWNOUT_HEADER,
+    BROWNOUT_KEY,
     SAMPLING_KEYS,
     GenerateChunk,
     GenerateRequest,
+    brownout_header,
     sampling_from_params,
 )
 from modelyard.protocol.types import (
@@ -87,6 +92,8 @@ def _event(chunk: GenerateChunk, model: str) -> dict[str, object]:
         "model_version": chunk.model_version,
         "text_output": chunk.text,
     }
+    if chunk.max_tokens_capped_to is not None:
+        doc[BROWNOUT_KEY] = chunk.max_tokens_capped_to
     if chunk.finish_reason is not None:
         doc["finish_reason"] = chunk.finish_reason
         doc["prompt_tokens"] = chunk.prompt_tokens
@@ -117,15 +124,18 @@ class GenerateApi:
         try:
             gen = await self._request(request)
             answer = await self.dp.generate_text(gen)
-            return json_response(
-                {
-                    "model_name": answer["model"],
-                    "model_version": answer["version"],
-                    "text_output": answer["text"],
-                    "finish_reason": answer["finish_reason"],
-                    **_usage(answer["usage"]),
-                }
-            )
+            doc: dict[str, object] = {
+                "model_name": answer["model"],
+                "model_version": answer["version"],
+                "text_output": answer["text"],
+                "finish_reason": answer["finish_reason"],
+                **_usage(answer["usage"]),
+            }
+            if BROWNOUT_KEY in answer:
+                doc[BROWNOUT_KEY] = answer[BROWNOUT_KEY]
+            response = json_response(doc)
+            mark_brownout(response, answer)
+            return response
         except Exception as exc:
             return answer_error(exc, request.method, request.url.path)
 
@@ -148,10 +158,13 @@ class GenerateApi:
                 raise
         except Exception as exc:
             return answer_error(exc, request.method, request.url.path)
+        headers = {"cache-control": "no-cache"}
+        if first.max_tokens_capped_to is not None:
+            headers[BROWNOUT_HEADER] = brownout_header(first.max_tokens_capped_to)
         return StreamingResponse(
             self._events(first, stream, gen.model),
             media_type="text/event-stream",
-            headers={"cache-control": "no-cache"},
+            headers=headers,
         )
 
     async def _events(
@@ -179,6 +192,14 @@ class GenerateApi:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+def mark_brownout(response: Response, answer: Mapping[str, object]) -> None:
+    """Set :data:`BROWNOUT_HEADER` on ``response`` when brownout capped the generation
+    behind ``answer`` (a ``generate_text`` answer; its key says so)."""
+    capped = answer.get(BROWNOUT_KEY)
+    if isinstance(capped, int):
+        response.headers[BROWNOUT_HEADER] = brownout_header(capped)
 
 
 def _usage(usage: object) -> dict[str, object]:
