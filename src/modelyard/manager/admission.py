@@ -358,10 +358,14 @@ class Admission:
         )
         if victims is not None:
             return spares, victims, None
-        others = self.candidates(record, device=device) + self.candidates(
-            record, loading=True, device=device
-        )
-        cold = [k for r in others if r.key not in hot for k in self.holders(r, device)]
+        ready = self.candidates(record, device=device)
+        loading = self.candidates(record, loading=True, device=device)
+        others = ready + loading
+        # Busy colder models free their room once their requests finish, loading ones
+        # once loaded; but only loads already admitted (holding a reservation): two loads
+        # still waiting for room could each wait for the other forever.
+        admitted = [r for r in loading if self.budget.reserved(device, r.key) > 0]
+        cold = [k for r in ready + admitted if r.key not in hot for k in self.holders(r, device)]
         if self.budget.freed_by(device, keys + cold, files) >= missing:
             if not patient:
                 busy = self.victims(record, missing, files, keys, device=device, exclude=hot)
