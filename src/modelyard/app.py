@@ -41,7 +41,8 @@ from modelyard.observability.health import HealthView
 from modelyard.observability.metrics import Metrics
 from modelyard.scheduling.config import SchedulerConfig
 from modelyard.scheduling.scheduler import ModelScheduler
-from modelyard.workers.factory import WorkerFactory
+from modelyard.workers.factory import WorkerFactory, WorkerFactoryConfig
+from modelyard.workers.forkserver import preload_for
 from modelyard.workers.inline import InlineInstance
 from modelyard.workers.instance import ModelInstance
 
@@ -238,7 +239,10 @@ class App:
             raise StartupError(str(exc)) from None
         # The warm fork server starts once here, so a model's first load pays
         # milliseconds for its worker instead of a fresh interpreter and imports.
-        self._worker_factory = WorkerFactory()
+        # It preloads the runtimes the declared models use (llama-cpp-python's import
+        # alone costs more than loading a small GGUF file).
+        preload = preload_for(m.runtime for m in s.models)
+        self._worker_factory = WorkerFactory(WorkerFactoryConfig(preload=preload))
         await self._worker_factory.start()
         log.info("worker memory limits: %s", self._worker_factory.memory_limit_backend)
         _ensure_descriptor_room(s.limits.max_connections)
