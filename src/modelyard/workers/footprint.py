@@ -167,6 +167,39 @@ def parse_mapped_private(text: str, paths: Collection[str]) -> tuple[int, int]:
     return total * 1024, mapped * 1024
 
 
+_SAMPLE_LINE = {key: re.compile(rf"\n{key}: +(\d+)") for key in ("Rss", "Pss", "Swap")}
+
+
+def parse_smaps_sample(text: str, paths: Collection[str]) -> tuple[MemorySample, int]:
+    """From the text of ``/proc/<pid>/smaps``: the process's sample and the private
+    bytes of its mappings of ``paths`` (what ``smaps_rollup`` and
+    :func:`parse_mapped_private` give, from one read)."""
+    uss, mapped = parse_mapped_private(text, paths)
+    body = "\n" + text
+    rss, pss, swap = (
+        sum(map(int, _SAMPLE_LINE[key].findall(body))) * 1024 for key in ("Rss", "Pss", "Swap")
+    )
+    return MemorySample(rss, uss, pss, swap), mapped
+
+
+def sample_with_mapped(
+    pid: int, paths: Collection[str], proc_root: Path = Path("/proc")
+) -> tuple[MemorySample, int]:
+    """``pid``'s sample and the private bytes of its mappings of ``paths``, from one read
+    of ``smaps`` (for a worker that maps its weights: half the reads of
+    :func:`sample_memory` then :func:`mapped_private_bytes`).
+
+    Blocking: call it from a thread on the server's event loop.
+    """
+    try:
+        text = (proc_root / str(pid) / "smaps").read_text()
+    except FileNotFoundError:
+        raise psutil.NoSuchProcess(pid) from None
+    except ProcessLookupError:
+        raise psutil.NoSuchProcess(pid) from None
+    return parse_smaps_sample(text, set(paths))
+
+
 def mapped_private_bytes(
     pid: int, paths: Collection[str], proc_root: Path = Path("/proc")
 ) -> tuple[int, int]:
