@@ -27,6 +27,7 @@ from modelyard.errors import InternalError, InvalidInputError, ServerError
 from modelyard.protocol.generate import FINISH_LENGTH, FINISH_STOP
 from modelyard.repository.gguf import llama_dims, read_metadata
 from modelyard.runtimes.base import RuntimeSpec, find_model_file
+from modelyard.runtimes.chat_template import compile_chat_template
 from modelyard.runtimes.generation import (
     GenerationJob,
     GenerationSink,
@@ -76,20 +77,7 @@ def prepare_fork_server() -> None:
     _init_backend(llama_cpp)
     # jinja2 builds its lexer (a dozen regular expressions) per environment settings on
     # first use; building it here saves each worker 3-4 ms of its chat template's compile.
-    _compile_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-
-
-def _compile_chat_template(raw: str) -> Any:
-    """A chat template compiled in jinja2's sandbox, as llama-cpp-python does it;
-    ``raise_exception`` in the template refuses the messages."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise InvalidInputError(f"the model's chat template refused the messages: {message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(raw)
+    compile_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
 
 
 @dataclass(slots=True)
@@ -194,7 +182,7 @@ class LlamaCppRuntime:
         self._bos_text = self._piece(llama.llama_vocab_bos(self._vocab), special=True)
         self._eos_text = self._piece(llama.llama_vocab_eos(self._vocab), special=True)
         if raw:
-            self._template = _compile_chat_template(raw.decode("utf-8", errors="replace"))
+            self._template = compile_chat_template(raw.decode("utf-8", errors="replace"))
 
     def _warm_up(self) -> None:
         # One evaluated token allocates the compute buffers, so the footprint measured

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.forkserver import DEFAULT_PRELOAD, RUNTIME_PRELOAD, preload_for
 
 
@@ -16,3 +17,9 @@ def test_llama_cpp_models_add_llama_cpp_and_its_backend_start_once() -> None:
     assert got[len(DEFAULT_PRELOAD) :] == RUNTIME_PRELOAD["llama_cpp"]
     assert "modelyard.runtimes.llama_cpp:prepare_fork_server" in got
     assert len(set(got)) == len(got)
+
+
+def test_the_server_s_factory_preloads_for_the_declared_runtimes() -> None:
+    assert WorkerFactory.for_runtimes(["onnx"]).config.preload == DEFAULT_PRELOAD
+    llm = WorkerFactory.for_runtimes(["onnx", "llama_cpp"]).config.preload
+    assert llm == preload_for(["llama_cpp"])
