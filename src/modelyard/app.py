@@ -236,9 +236,9 @@ class App:
             grpc_credentials = self._grpc_credentials() if s.grpc_port is not None else None
         except SecurityError as exc:
             raise StartupError(str(exc)) from None
-        # The warm fork server starts once here, so a model's first load pays
-        # milliseconds for its worker instead of a fresh interpreter and imports.
-        self._worker_factory = WorkerFactory()
+        # The warm fork server starts once here, with the runtimes the declared models
+        # use, so a model's first load pays milliseconds for its worker, not imports.
+        self._worker_factory = WorkerFactory.for_runtimes(m.runtime for m in s.models)
         await self._worker_factory.start()
         log.info("worker memory limits: %s", self._worker_factory.memory_limit_backend)
         _ensure_descriptor_room(s.limits.max_connections)

@@ -27,6 +27,7 @@ from modelyard.errors import InternalError, InvalidInputError, ServerError
 from modelyard.protocol.generate import FINISH_LENGTH, FINISH_STOP
 from modelyard.repository.gguf import llama_dims, read_metadata
 from modelyard.runtimes.base import RuntimeSpec, find_model_file
+from modelyard.runtimes.chat_template import compile_chat_template
 from modelyard.runtimes.generation import (
     GenerationJob,
     GenerationSink,
@@ -62,6 +63,21 @@ def _init_backend(llama: Any) -> None:
     llama.llama_log_set(log, ctypes.c_void_p(0))
     llama.llama_backend_init()
     _backend_ready = True
+
+
+def prepare_fork_server() -> None:
+    """Import llama-cpp-python and start its backend, once, in the fork server.
+
+    Every worker forked afterwards inherits both; they cost more than loading a small
+    GGUF file (see ``RUNTIME_PRELOAD`` in ``workers/forkserver.py``). Neither starts a
+    thread, so forking stays safe.
+    """
+    import llama_cpp
+
+    _init_backend(llama_cpp)
+    # jinja2 builds its lexer (a dozen regular expressions) per environment settings on
+    # first use; building it here saves each worker 3-4 ms of its chat template's compile.
+    compile_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
 
 
 @dataclass(slots=True)
@@ -165,16 +181,8 @@ class LlamaCppRuntime:
         raw = llama.llama_model_chat_template(self._model, None)
         self._bos_text = self._piece(llama.llama_vocab_bos(self._vocab), special=True)
         self._eos_text = self._piece(llama.llama_vocab_eos(self._vocab), special=True)
-        if not raw:
-            return
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str) -> None:
-            raise InvalidInputError(f"the model's chat template refused the messages: {message}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        self._template = env.from_string(raw.decode("utf-8", errors="replace"))
+        if raw:
+            self._template = compile_chat_template(raw.decode("utf-8", errors="replace"))
 
     def _warm_up(self) -> None:
         # One evaluated token allocates the compute buffers, so the footprint measured

@@ -25,10 +25,11 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from modelyard.workers.channel import SharedRegion, socket_pair
-from modelyard.workers.forkserver import DEFAULT_PRELOAD
+from modelyard.workers.forkserver import DEFAULT_PRELOAD, preload_for
 from modelyard.workers.handle import StartMethod, WorkerHandle, WorkerStartError
 from modelyard.workers.limits import BackendChoice, MemoryLimiter, detect_limiter
 from modelyard.workers.messages import (
@@ -94,6 +95,12 @@ class WorkerFactory:
         self._closed = False
         self.fork_server_info: ForkServerReady | None = None
         """What the fork server reported when ready (pid, threads, import time)."""
+
+    @classmethod
+    def for_runtimes(cls, kinds: Iterable[str]) -> WorkerFactory:
+        """A factory on the defaults whose fork server also preloads what the runtime
+        ``kinds`` need (``RUNTIME_PRELOAD``: llama-cpp-python for ``llama_cpp``)."""
+        return cls(WorkerFactoryConfig(preload=preload_for(kinds)))
 
     # -------------------------------------------------------------------- lifecycle
 

@@ -48,8 +48,8 @@ from modelyard.workers.channel import ChannelClosedError, LoopChannel, SharedReg
 from modelyard.workers.exits import rebuild_error
 from modelyard.workers.footprint import (
     MemorySample,
-    mapped_private_bytes,
     sample_memory,
+    sample_with_mapped,
     weight_files,
 )
 from modelyard.workers.handle import WorkerStartError
@@ -127,8 +127,7 @@ class ProcessInstance(WorkerLink):
             if not loaded.context_length:  # a generative runtime warmed up as it loaded
                 await self._warm_up(request, loaded, deadline)
             warmup_s = time.perf_counter() - t1
-            sample = await self.sample_memory()
-            footprint, mapped = await self._weights_apart(request.spec, sample)
+            sample, footprint, mapped = await self._measure(request.spec)
             # llama.cpp allocates the whole KV cache at load, but its pages become
             # resident only as sequences fill it: charge it whole, as at full context.
             footprint += loaded.kv_cache_bytes
@@ -322,31 +321,34 @@ class ProcessInstance(WorkerLink):
         except psutil.NoSuchProcess:
             raise self._not_serving() from None
 
-    async def _weights_apart(self, spec: RuntimeSpec, sample: MemorySample) -> tuple[int, int]:
-        """(USS less the mapped weight files' private pages, those pages).
+    async def _measure(self, spec: RuntimeSpec) -> tuple[MemorySample, int, int]:
+        """The worker's memory sample, its USS less the mapped weight files' private
+        pages, and those pages.
 
         Only ``share_weights`` ONNX workers and ``llama_cpp`` workers (their GGUF file)
-        map their weights; for the others it is ``(USS, 0)``. USS and the mapped part
-        come from one read of ``smaps``.
+        map their weights; for the others it is ``(sample, USS, 0)``. For those that do,
+        everything comes from one read of ``smaps`` (a worker with llama.cpp loaded has a
+        thousand mappings: the kernel takes milliseconds to write each read).
         """
         pid = self.pid
         gguf = spec.kind == "llama_cpp"
         if not ((spec.share_weights and spec.kind == "onnx") or gguf) or pid is None:
-            return sample.uss_bytes, 0
+            sample = await self.sample_memory()
+            return sample, sample.uss_bytes, 0
 
-        def measure() -> tuple[int, int]:
+        def measure() -> tuple[MemorySample, int]:
             folder = Path(spec.version_dir)
             if gguf:
                 paths = [str(find_model_file(folder, (".gguf",), spec.model_file).resolve())]
             else:
                 paths = [f.path for f in weight_files(folder)]
-            return mapped_private_bytes(pid, paths)
+            return sample_with_mapped(pid, paths)
 
         try:
-            uss, mapped = await asyncio.to_thread(measure)
+            sample, mapped = await asyncio.to_thread(measure)
         except psutil.NoSuchProcess:
             raise self._not_serving() from None
-        return max(0, uss - mapped), mapped
+        return sample, max(0, sample.uss_bytes - mapped), mapped
 
     def _start_watchdog(self) -> None:
         limit = self._limit

@@ -8,7 +8,12 @@ import pytest
 
 from modelyard.manager.budget import MemoryBudget, SharedFile
 from modelyard.manager.records import ModelKey
-from modelyard.workers.footprint import MappedFile, parse_mapped_private, weight_files
+from modelyard.workers.footprint import (
+    MappedFile,
+    parse_mapped_private,
+    parse_smaps_sample,
+    weight_files,
+)
 
 A, B, C = ModelKey("a", "1"), ModelKey("a", "2"), ModelKey("c", "1")
 WEIGHTS = SharedFile("/repo/a/weights.data", dev=1, inode=10, size=64, mtime_ns=5)
@@ -140,3 +145,16 @@ def test_freed_by_counts_a_shared_file_only_when_all_its_users_leave() -> None:
     assert budget.freed_by("cpu", [A, B], keep=[WEIGHTS]) == 6 + 7, "a file the loader maps"
     assert budget.freed_by("cpu", [C]) == 5 + 30
     assert budget.freed_by("cpu", []) == 0
+
+
+def test_one_read_of_smaps_gives_the_sample_and_the_mapped_part() -> None:
+    sample, mapped = parse_smaps_sample(SMAPS, {"/repo/a/1/model.onnx.data"})
+    assert sample.rss_bytes == (1024 + 2048) * 1024
+    assert sample.pss_bytes == 1024 * 1024
+    assert sample.uss_bytes == (512 + 256 + 2048 + 100 + 300) * 1024
+    assert mapped == (512 + 256 + 100) * 1024
+
+
+def test_a_path_that_only_ends_like_the_weight_file_is_not_it() -> None:
+    _, mapped = parse_mapped_private(SMAPS, {"/1/model.onnx.data"})
+    assert mapped == 0
