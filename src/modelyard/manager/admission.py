@@ -77,6 +77,9 @@ class Admission:
         self.demand = demand
         """Recent demand per model (the hot-model rule; None: no such rule)."""
         self.hot_fraction = hot_fraction
+        self._waiting: set[tuple[str, Holder]] = set()
+        """(device, holder) blocked in :meth:`admit` now: a load waits only for loads not
+        waiting themselves (two growing after measuring would wait for each other)."""
 
     def hot(self) -> dict[Hashable, float]:
         """The models in the top decile of recent demand, with their demand (never
@@ -233,7 +236,23 @@ class Admission:
         whole = need + sum(f.size for f in set(files))
         if whole > dev.budget_bytes:
             raise self.too_big(record, whole, dev.budget_bytes, f"budget of {device}")
-        began = self._clock.monotonic()
+        self._waiting.add((device, holder))
+        try:
+            await self._admit(record, need, deadline, files, device, holder, may_evict)
+        finally:
+            self._waiting.discard((device, holder))
+
+    async def _admit(
+        self,
+        record: ModelRecord,
+        need: int,
+        deadline: float | None,
+        files: list[SharedFile],
+        device: str,
+        holder: Holder,
+        may_evict: bool,
+    ) -> None:
+        dev, began = self.budget.device(device), self._clock.monotonic()
         while True:
             if self.budget.try_reserve(device, holder, need, files):
                 if holder == record.key:
@@ -360,11 +379,13 @@ class Admission:
             return spares, victims, None
         ready = self.candidates(record, device=device)
         loading = self.candidates(record, loading=True, device=device)
-        others = ready + loading
         # Busy colder models free their room once their requests finish, loading ones
-        # once loaded; but only loads already admitted (holding a reservation): two loads
-        # still waiting for room could each wait for the other forever.
+        # once loaded; but only loads already admitted (holding a reservation) and not
+        # waiting for room themselves: two loads waiting for room, to start or to grow
+        # after measuring, could each wait for the other forever.
+        loading = [r for r in loading if (device, r.key) not in self._waiting]
         admitted = [r for r in loading if self.budget.reserved(device, r.key) > 0]
+        others = ready + loading
         cold = [k for r in ready + admitted if r.key not in hot for k in self.holders(r, device)]
         if self.budget.freed_by(device, keys + cold, files) >= missing:
             if not patient:
