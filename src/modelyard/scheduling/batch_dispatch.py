@@ -13,7 +13,12 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 
-from modelyard.errors import InternalError, InvalidInputError, ServerError
+from modelyard.errors import (
+    DeadlineExceededError,
+    InternalError,
+    InvalidInputError,
+    ServerError,
+)
 from modelyard.scheduling.batcher import select_batch
 from modelyard.scheduling.breaker import BreakerState
 from modelyard.scheduling.dispatcher import call_model
@@ -127,8 +132,12 @@ class BatchDispatcher(SchedulerCore):
                 await self._run_batch([request])
             return
         if report.error is not None:
+            # A call stopped at its deadline expired running; anything else failed.
+            expired = isinstance(report.error, DeadlineExceededError)
             for request in runnable:
-                self._fail(request, copy_error(report.error), "failed")
+                self._fail(
+                    request, copy_error(report.error), "expired_running" if expired else "failed"
+                )
         else:
             for request, outputs in zip(runnable, report.outputs, strict=True):
                 if request.deadline <= report.ended:

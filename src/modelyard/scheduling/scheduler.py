@@ -342,7 +342,10 @@ class ModelScheduler(BatchDispatcher):
         self._counts["model_calls"] += 1
         self._after_call(report)
         if report.error is not None:
-            self._counts["failed"] += 1
+            # A call stopped at its deadline (the instance's timeout) expired running; it
+            # did not fail.
+            expired = isinstance(report.error, DeadlineExceededError)
+            self._counts["expired_running" if expired else "failed"] += 1
             raise copy_error(report.error)
         if request.deadline <= report.ended:
             self._counts["expired_running"] += 1
