@@ -68,7 +68,8 @@ class Plane:
                 self.cancelled.set()
                 raise
         x = request.inputs[0]
-        return InferResponse(request.model_name, "1", [InferOutput("y", x.datatype, x.shape, x.array)])
+        output = InferOutput("y", x.datatype, x.shape, x.array)
+        return InferResponse(request.model_name, "1", [output])
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         return []
@@ -160,7 +161,7 @@ async def test_a_reply_bigger_than_the_clients_window_waits_for_window_updates(
     client.call(1, request.SerializeToString())
     received = bytearray()
     while True:
-        kind, flags, stream_id, payload = await client.frame()
+        kind, flags, _, payload = await client.frame()
         if kind == wire.DATA:
             received += payload
         if kind == wire.HEADERS and flags & wire.END_STREAM:
