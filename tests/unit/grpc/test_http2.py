@@ -179,7 +179,7 @@ async def test_a_reply_bigger_than_the_clients_window_waits_for_window_updates(
         elif kind == wire.HEADERS:
             headers = client.decoder.decode(payload, raw=True)
             if flags & wire.END_STREAM:
-                trailers = headers
+                trailers = list(headers)
     assert (b"grpc-status", b"0") in trailers
     reply = response_from_proto(pb.ModelInferResponse.FromString(bytes(received[5:])))
     assert np.array_equal(reply.outputs[0].array, np.arange(50_000, dtype=np.float32)[None])
@@ -244,7 +244,7 @@ async def test_calls_over_the_server_limit_are_resource_exhausted(serve: Serve) 
 async def test_an_unknown_method_is_unimplemented(serve: Serve) -> None:
     _, port = await serve()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        call = channel.unary_unary("/inference.GRPCInferenceService/ModelStreamInfer")
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelStreamInfer", None, None)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await call(b"", timeout=5)
         assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
