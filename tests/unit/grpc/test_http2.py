@@ -7,6 +7,7 @@ small data plane whose ``infer`` can be told to hang.
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -290,3 +291,35 @@ async def test_silent_and_idle_connections_are_closed(serve: Serve) -> None:
     assert await asyncio.wait_for(RawClient(reader, writer).closed(), 5), "silent client kept"
     idle = await RawClient.open(port)
     assert await asyncio.wait_for(idle.closed(), 5), "idle connection kept"
+
+
+async def test_gzip_compressed_calls_are_inflated_within_the_limit(serve: Serve) -> None:
+    _, port = await serve()
+    async with grpc.aio.insecure_channel(
+        f"127.0.0.1:{port}", compression=grpc.Compression.Gzip
+    ) as channel:
+        stub: Any = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        reply = response_from_proto(await stub.ModelInfer(_request(1000), timeout=5))
+        assert np.array_equal(reply.outputs[0].array, np.arange(1000, dtype=np.float32)[None])
+    # 64 MiB of zeros compresses to ~64 kB: refused once it inflates past the 16 MiB limit.
+    client = await RawClient.open(port)
+    bomb = zlib.compress(bytes(64 << 20))
+    block = (
+        b"\x83\x86"
+        + wire.literal(b":path", INFER)
+        + wire.literal(b":authority", b"test")
+        + wire.literal(b"content-type", b"application/grpc")
+        + wire.literal(b"grpc-encoding", b"deflate")
+    )
+    data = b"\x01" + len(bomb).to_bytes(4, "big") + bomb
+    client.writer.write(
+        wire.frame(wire.HEADERS, wire.END_HEADERS, 1, block)
+        + wire.frame(wire.DATA, wire.END_STREAM, 1, data)
+    )
+    while True:
+        kind, flags, _, payload = await client.frame()
+        if kind == wire.HEADERS and flags & wire.END_STREAM:
+            trailers = dict(client.decoder.decode(payload, raw=True))
+            break
+    assert trailers[b"grpc-status"] == b"8"  # RESOURCE_EXHAUSTED
+    client.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import zlib
 
 import grpc
 
@@ -22,6 +23,28 @@ from modelyard.frontends.grpc.http2 import Http2Connection, Stream
 from modelyard.frontends.grpc.rpc import Method, RpcContext, RpcError
 
 log = logging.getLogger(__name__)
+
+_ENCODINGS = {b"identity": 0, b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+"""Accepted ``grpc-encoding`` values and their zlib window bits (replies go uncompressed)."""
+
+
+class _Oversized(Exception):
+    """A compressed message that inflates past the message limit."""
+
+
+def _decompress(encoding: bytes, body: bytearray, limit: int) -> bytes:
+    """The message of a compressed frame, inflated to at most ``limit`` bytes."""
+    bits = _ENCODINGS.get(encoding, 0)
+    if bits == 0:
+        raise ValueError("the message is flagged compressed but grpc-encoding is identity")
+    inflater = zlib.decompressobj(bits)
+    # Bounded output: a small bomb must not inflate to gigabytes before the check.
+    message = inflater.decompress(bytes(body[5:]), limit + 1)
+    if len(message) > limit:
+        raise _Oversized(f"Received message larger than max (over {limit} once inflated)")
+    if not inflater.eof:
+        raise ValueError("the compressed message is truncated")
+    return message
 
 
 class GrpcConnection(Http2Connection):
@@ -38,8 +61,11 @@ class GrpcConnection(Http2Connection):
             status = (grpc.StatusCode.INVALID_ARGUMENT, "content-type must be application/grpc")
         elif method is None:
             status = (grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
-        elif headers.get(b"grpc-encoding", b"identity") != b"identity":
-            status = (grpc.StatusCode.UNIMPLEMENTED, "only identity grpc-encoding is accepted")
+        elif headers.get(b"grpc-encoding", b"identity") not in _ENCODINGS:
+            status = (
+                grpc.StatusCode.UNIMPLEMENTED,
+                "grpc-encoding must be identity, gzip or deflate",
+            )
         elif self.state.authorizer is not None and self.state.authorizer.tokens_for(method.plane):
             token = headers.get(b"authorization")
             try:
@@ -58,10 +84,19 @@ class GrpcConnection(Http2Connection):
         method = self.state.methods[found[b":path"]]
         body = stream.body
         problem = None
+        message = b""
         if len(body) < 5 or wire.u32(body, 1) != len(body) - 5:
             problem = (grpc.StatusCode.INTERNAL, "a unary call carries exactly one message")
-        elif body[0] != 0:
-            problem = (grpc.StatusCode.UNIMPLEMENTED, "compressed messages are not accepted")
+        elif body[0] == 0:
+            message = bytes(body[5:])
+        else:
+            encoding = found.get(b"grpc-encoding", b"identity")
+            try:
+                message = _decompress(encoding, body, self.state.limits.max_message_bytes)
+            except _Oversized as exc:
+                problem = (grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            except (ValueError, zlib.error) as exc:
+                problem = (grpc.StatusCode.INTERNAL, f"cannot decompress the message: {exc}")
         limit = self.state.limits.max_concurrent_rpcs
         if problem is None and limit is not None and self.state.active_rpcs >= limit:
             problem = (grpc.StatusCode.RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!")
@@ -81,7 +116,7 @@ class GrpcConnection(Http2Connection):
         )
         context = RpcContext(metadata, deadline, self.loop.time)
         self.state.active_rpcs += 1
-        stream.task = self.loop.create_task(self._call(stream, method, bytes(body[5:]), context))
+        stream.task = self.loop.create_task(self._call(stream, method, message, context))
 
     async def _call(
         self, stream: Stream, method: Method, message: bytes, context: RpcContext
