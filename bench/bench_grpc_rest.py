@@ -172,6 +172,10 @@ def summarise(runs: Runs) -> list[dict[str, Any]]:
                         "server_cpu_us": statistics.median(
                             r["server_cpu_us_per_request"] for r in reps
                         ),
+                        "server_cpu_over_rest": statistics.median(
+                            r["server_cpu_us_per_request"] / b["server_cpu_us_per_request"]
+                            for r, b in zip(reps, rest, strict=True)
+                        ),
                         "errors": sum(sum(r["errors"].values()) for r in reps),
                     }
                 )
@@ -187,6 +191,7 @@ def report(rows: list[dict[str, Any]]) -> str:
         "÷ REST req/s",
         "p50 / p99 (ms)",
         "server CPU µs/req",
+        "÷ REST CPU/req",
         "client CPU",
         "errors",
     ]
@@ -201,6 +206,7 @@ def report(rows: list[dict[str, Any]]) -> str:
                 f"{r['qps_over_rest']:.2f}x",
                 f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f}",
                 f"{r['server_cpu_us']:.0f}",
+                f"{r['server_cpu_over_rest']:.2f}x",
                 f"{r['client_cpu']:.2f}",
                 r["errors"],
             ]

@@ -323,3 +323,28 @@ async def test_gzip_compressed_calls_are_inflated_within_the_limit(serve: Serve)
             break
     assert trailers[b"grpc-status"] == b"8"  # RESOURCE_EXHAUSTED
     client.close()
+
+
+async def test_a_flood_of_reset_calls_closes_the_connection(serve: Serve) -> None:
+    plane, port = await serve()
+    plane.hang = True
+    client = await RawClient.open(port)
+    message = _request().SerializeToString()
+    for i in range(300):
+        stream_id = 2 * i + 1
+        client.call(stream_id, message)
+        client.writer.write(wire.rst_stream(stream_id, wire.CANCEL))
+    goaway = None
+    try:
+        while True:
+            kind, _, _, payload = await client.frame()
+            if kind == wire.GOAWAY:
+                goaway = wire.u32(payload, 4)
+    except asyncio.IncompleteReadError:
+        pass
+    assert goaway == wire.ENHANCE_YOUR_CALM
+    # Other connections are served as before.
+    plane.hang = False
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub: Any = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        assert (await stub.ModelInfer(_request(), timeout=5)).outputs[0].name == "y"

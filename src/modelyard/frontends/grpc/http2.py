@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, cast
+from typing import cast
 
 import hpack
 from hpack.exceptions import HPACKError
@@ -32,6 +32,8 @@ MAX_FRAME = 1 << 20
 MAX_HEADER_BLOCK = 1 << 16
 """A header block (HEADERS and its CONTINUATIONs) beyond this closes the connection."""
 MAX_HEADER_LIST = 16_384
+MAX_RESETS_PER_S = 200
+"""Running calls a client may reset in one second before its connection is closed."""
 
 
 class Stream:
@@ -89,6 +91,7 @@ class Http2Connection(asyncio.Protocol):
         self.writable.set()
         self.closing = False
         self.timer: asyncio.TimerHandle | None = None
+        self.resets, self.resets_since = 0, 0.0
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -186,11 +189,7 @@ class Http2Connection(asyncio.Protocol):
             if not flags & wire.ACK:
                 self._write(wire.frame(wire.PING, wire.ACK, 0, payload))
         elif kind == wire.RST_STREAM:
-            stream = self.streams.pop(stream_id, None)
-            if stream is not None and stream.task is not None:
-                # The client gave up on the call: cancel its work.
-                stream.task.cancel()
-            self._idle_from_now()
+            self._reset(stream_id)
         elif kind == wire.GOAWAY:
             self.closing = True
             if not self.streams:
@@ -198,6 +197,20 @@ class Http2Connection(asyncio.Protocol):
         elif kind == wire.PUSH_PROMISE:
             raise ProtocolFailure(wire.PROTOCOL_ERROR, "clients cannot push")
         # PRIORITY and unknown frame types are ignored, as RFC 9113 says.
+
+    def _reset(self, stream_id: int) -> None:
+        stream = self.streams.pop(stream_id, None)
+        if stream is not None and stream.task is not None:
+            # The client gave up on the call: cancel its work; but a flood of such resets
+            # (HTTP/2 "rapid reset", CVE-2023-44487) ends the connection.
+            stream.task.cancel()
+            now = self.loop.time()
+            if now - self.resets_since > 1.0:
+                self.resets_since, self.resets = now, 0
+            self.resets += 1
+            if self.resets > MAX_RESETS_PER_S:
+                raise ProtocolFailure(wire.ENHANCE_YOUR_CALM, "too many calls reset")
+        self._idle_from_now()
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id != 0 or len(payload) % 6:
@@ -432,8 +445,3 @@ def _unpad(flags: int, payload: bytes) -> bytes:
     if not payload or payload[0] >= len(payload):
         raise ProtocolFailure(wire.PROTOCOL_ERROR, "bad padding")
     return payload[1 : len(payload) - payload[0]]
-
-
-def running_calls(connections: set[Any]) -> int:
-    """How many calls the ``connections`` still have open."""
-    return sum(len(c.streams) for c in connections)

@@ -15,7 +15,6 @@ from modelyard.config.security import SecurityConfig
 from modelyard.frontends.auth import Authorizer
 from modelyard.frontends.grpc.auth import grpc_plane
 from modelyard.frontends.grpc.connection import GrpcConnection
-from modelyard.frontends.grpc.http2 import running_calls
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
 from modelyard.frontends.grpc.rpc import Limits, Method, ServerState
 from modelyard.frontends.grpc.servicer import DataPlaneProtocol, InferenceServicer
@@ -127,6 +126,11 @@ async def start_grpc_server(
         raise OSError(f"gRPC server cannot listen on {_address(host, port)}: {exc}") from exc
     bound: int = listener.sockets[0].getsockname()[1]
     return GrpcServer(listener, state), bound
+
+
+def running_calls(connections: set[GrpcConnection]) -> int:
+    """How many calls the ``connections`` still have open."""
+    return sum(len(c.streams) for c in connections)
 
 
 async def stop_grpc_server(server: GrpcServer, grace_s: float) -> None:
