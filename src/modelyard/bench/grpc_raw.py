@@ -3,8 +3,10 @@
 The REST counterpart of :class:`modelyard.bench.client.RawHttpClient`: each request is a
 pre-built header block and message written in one call, and the response is read only
 as far as its ``grpc-status``. Every session shares one connection (as grpcio's channel
-does), each call on its own stream. ``grpc.aio``'s client costs several times this CPU per
-call, which on a small machine the load generator takes from the server it measures.
+does), each call on its own stream. Like the raw REST client it sends no deadline (the
+request timeout is kept on this side, and a late call is reset). ``grpc.aio``'s client
+costs several times this CPU per call, which on a small machine the load generator takes
+from the server it measures.
 """
 
 from __future__ import annotations
@@ -193,7 +195,6 @@ class RawGrpcClient:
             + wire.literal(b":authority", target.encode())
             + wire.literal(b"content-type", b"application/grpc")
             + wire.literal(b"te", b"trailers")
-            + wire.literal(b"grpc-timeout", f"{max(1, round(timeout_s * 1000))}m".encode())
         )
         for key, value in metadata or ():
             block += wire.literal(key.lower().encode(), value.encode("latin-1"))
