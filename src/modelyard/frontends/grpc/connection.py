@@ -1,8 +1,8 @@
 """One HTTP/2 connection serving unary gRPC calls on the server's event loop.
 
 When a call's headers arrive its method, content type and token are checked; when the
-client half-closes the stream, its one message is decoded and its handler runs as a
-task. The reply (headers, one message, trailers) usually goes out in one write. A reset
+client half-closes the stream, its one message is decoded (inflated first when gzip or
+deflate, never past the message limit) and its handler runs as a task. The reply (headers, one message, trailers) usually goes out in one write. A reset
 stream or a lost connection cancels its handler; a deadline (``grpc-timeout``) ends it
 with DEADLINE_EXCEEDED.
 """
