@@ -95,8 +95,16 @@ def write_config(
 class Server:
     """One ``modelyard serve`` process; a context manager, so it is always stopped."""
 
-    def __init__(self, config: Path, log_path: Path, *, grpc: bool = False) -> None:
+    def __init__(
+        self,
+        config: Path,
+        log_path: Path,
+        *,
+        grpc: bool = False,
+        command: Sequence[str] | None = None,
+    ) -> None:
         self.config = config
+        self.command = list(command) if command is not None else modelyard_command()
         self.log_path = log_path
         self.http_port = free_port()
         self.grpc_port = free_port() if grpc else None
@@ -123,7 +131,7 @@ class Server:
 
     def __enter__(self) -> Server:
         command = [
-            *modelyard_command(),
+            *self.command,
             "serve",
             "--config",
             str(self.config),

@@ -1,29 +1,37 @@
-"""gRPC vs REST: throughput and latency of small models through the same server.
+"""gRPC vs REST, and gRPC engines side by side: throughput and CPU through the same server.
 
 Run from the repository root::
 
     .venv/bin/python bench/bench_grpc_rest.py            # 5 s per point, 3 repeats
     .venv/bin/python bench/bench_grpc_rest.py --quick    # 2 s per point, 1 repeat
 
-One ``modelyard serve`` subprocess with REST and gRPC on free ports serves two small
-models, built at run time, both with the default settings (``isolation: process``,
-``max_batch_size: 8``, ``max_queue_delay_s: 0``):
+One ``modelyard serve`` subprocess per gRPC engine, all running at once, each with REST
+and gRPC on free ports, serves the same small models, built at run time, with the default
+settings (``isolation: process``, ``max_batch_size: 8``, ``max_queue_delay_s: 0``):
 
 * ``identity``: ONNX Identity, FP32 ``[1, 4]`` (the server's own cost, nothing else);
-* ``digits-logreg``: scikit-learn logistic regression on the digits set, via skl2onnx,
-  FP32 ``[1, 64]``.
+* ``digits-logreg``, ``digits-mlp``, ``digits-random-forest``: three of the five
+  classifiers of the standard digits workload, via skl2onnx, FP32 ``[1, 64]``.
 
-``modelyard.bench`` sends a random payload built from each model's metadata, closed loop,
-over REST (raw HTTP/1.1 keep-alive, JSON tensors) or gRPC (``ModelInfer``, one channel).
-Per repeat, model and concurrency, REST and gRPC run back to back in an order that
-alternates each repeat; the ratio gRPC / REST is taken within a repeat and its median
-reported. The load generator shares the two cores with the server; its CPU share is shown.
+Engines (``--engines``): ``modelyard`` (the server as shipped: its own asyncio HTTP/2
+server) and the alternatives that lost to it, started through ``bench/grpc_engines.py``:
+``grpcio-aio``, ``grpcio-sync`` (threads bridged to the event loop), ``grpclib``.
+
+``modelyard.bench`` sends a random payload built from each model's metadata, closed loop:
+REST over raw HTTP/1.1 keep-alive (JSON tensors) to the ``modelyard`` server, gRPC
+(``ModelInfer``, one connection) to each engine with each client of ``--grpc-clients``:
+``raw`` (pre-built calls over one asyncio HTTP/2 connection, the counterpart of the raw
+REST client) or ``grpcio`` (``grpc.aio``'s channel). Per repeat, model and concurrency,
+every variant runs back to back in an order rotated each repeat; each gRPC variant's
+ratio to REST is taken within a repeat and its median reported. The load generator
+shares the two cores with the servers; its CPU share is shown.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -41,30 +49,44 @@ from modelyard.examples.sklearn_models import (
     train_digits_classifier,
 )
 
-PROTOCOLS = ("rest", "grpc")
+ENGINES = ("modelyard", "grpcio-aio", "grpcio-sync", "grpclib")
+CLIENTS = ("raw", "grpcio")
+DIGITS = ("logreg", "mlp", "random-forest")
+REST = "rest"
 
 
 def build_models(root: Path) -> list[str]:
     build_identity_onnx(root / "identity" / "1" / "model.onnx")
-    export_sklearn_onnx(
-        train_digits_classifier("logreg"),
-        DIGITS_FEATURES,
-        root / "digits-logreg" / "1" / "model.onnx",
-    )
-    return ["identity", "digits-logreg"]
+    names = ["identity"]
+    for kind in DIGITS:
+        name = f"digits-{kind}"
+        export_sklearn_onnx(
+            train_digits_classifier(kind), DIGITS_FEATURES, root / name / "1" / "model.onnx"
+        )
+        names.append(name)
+    return names
+
+
+def engine_command(engine: str) -> list[str] | None:
+    """How to start a server with ``engine`` (None: the ``modelyard`` command as shipped)."""
+    if engine == "modelyard":
+        return None
+    return [sys.executable, str(_server.BENCH_DIR / "grpc_engines.py"), engine]
 
 
 def phase(
     server: _server.Server,
     model: str,
-    protocol: str,
+    variant: str,
     concurrency: int,
     duration_s: float,
     warmup_s: float,
 ) -> dict[str, Any]:
+    client = variant.rsplit("/", 1)[-1]
     config = BenchConfig(
         url=server.url,
-        grpc_target=server.grpc_target if protocol == "grpc" else None,
+        grpc_target=None if variant == REST else server.grpc_target,
+        grpc_client="raw" if client == "raw" else "grpcio",
         models=(model,),
         concurrency=(concurrency,),
         duration_s=duration_s,
@@ -81,76 +103,96 @@ def phase(
     return out
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+Runs = dict[str, dict[int, dict[str, list[dict[str, Any]]]]]
+
+
+def run(args: argparse.Namespace) -> Runs:
     levels = [int(c) for c in args.concurrency.split(",")]
+    engines = args.engines.split(",")
+    variants = [REST] + [f"{e}/{c}" for e in engines for c in args.grpc_clients.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-grpc-rest-") as tmp:
         root = Path(tmp)
-        models = build_models(root)
+        models = build_models(root)[: args.models]
         entries = [{"name": m, "path": m, "preload": True} for m in models]
         cfg = _server.write_config(root, entries)
-        runs: dict[str, dict[int, dict[str, list[dict[str, Any]]]]] = {
-            m: {c: {p: [] for p in PROTOCOLS} for c in levels} for m in models
-        }
-        with _server.Server(cfg, root / "server.log", grpc=True) as server:
-            print(
-                f"server pid {server.pid}: {server.url}, grpc {server.grpc_target}", file=sys.stderr
-            )
+        runs: Runs = {m: {c: {v: [] for v in variants} for c in levels} for m in models}
+        with contextlib.ExitStack() as stack:
+            servers = {
+                engine: stack.enter_context(
+                    _server.Server(
+                        cfg, root / f"{engine}.log", grpc=True, command=engine_command(engine)
+                    )
+                )
+                for engine in engines
+            }
+            for engine, server in servers.items():
+                print(f"{engine}: pid {server.pid}, grpc {server.grpc_target}", file=sys.stderr)
             for rep in range(args.repeats):
                 for model in models:
                     for level in levels:
-                        order = PROTOCOLS if rep % 2 == 0 else PROTOCOLS[::-1]
-                        for protocol in order:
+                        shift = rep % len(variants)
+                        for variant in variants[shift:] + variants[:shift]:
+                            engine = "modelyard" if variant == REST else variant.split("/")[0]
                             r = phase(
-                                server, model, protocol, level, args.duration_s, args.warmup_s
+                                servers[engine],
+                                model,
+                                variant,
+                                level,
+                                args.duration_s,
+                                args.warmup_s,
                             )
-                            runs[model][level][protocol].append(r)
+                            runs[model][level][variant].append(r)
                             print(
-                                f"  rep {rep + 1} {model} c={level} {protocol}: "
-                                f"{r['qps']:.0f} rps, p99 {r['p99_ms']} ms",
+                                f"  rep {rep + 1} {model} c={level} {variant}: "
+                                f"{r['qps']:.0f} rps, p99 {r['p99_ms']} ms, "
+                                f"server {r['server_cpu_us_per_request']:.0f} us/req",
                                 file=sys.stderr,
                             )
     return runs
 
 
-def summarise(runs: dict[str, dict[int, dict[str, list[dict[str, Any]]]]]) -> list[dict[str, Any]]:
+def summarise(runs: Runs) -> list[dict[str, Any]]:
     rows = []
     for model, by_level in runs.items():
-        for level, by_protocol in by_level.items():
-            rest, grpc = by_protocol["rest"], by_protocol["grpc"]
-            row: dict[str, Any] = {"model": model, "concurrency": level}
-            for name, reps in by_protocol.items():
-                row[f"{name}_qps"] = statistics.median(r["qps"] for r in reps)
-                row[f"{name}_p50_ms"] = statistics.median(r["p50_ms"] for r in reps)
-                row[f"{name}_p99_ms"] = statistics.median(r["p99_ms"] for r in reps)
-                row[f"{name}_client_cpu"] = statistics.median(
-                    r["client_cpu_fraction"] for r in reps
+        for level, by_variant in by_level.items():
+            rest = by_variant[REST]
+            for variant, reps in by_variant.items():
+                rows.append(
+                    {
+                        "model": model,
+                        "concurrency": level,
+                        "variant": variant,
+                        "qps": statistics.median(r["qps"] for r in reps),
+                        "qps_over_rest": statistics.median(
+                            r["qps"] / b["qps"] for r, b in zip(reps, rest, strict=True)
+                        ),
+                        "p50_ms": statistics.median(r["p50_ms"] for r in reps),
+                        "p99_ms": statistics.median(r["p99_ms"] for r in reps),
+                        "client_cpu": statistics.median(r["client_cpu_fraction"] for r in reps),
+                        "server_cpu_us": statistics.median(
+                            r["server_cpu_us_per_request"] for r in reps
+                        ),
+                        "server_cpu_over_rest": statistics.median(
+                            r["server_cpu_us_per_request"] / b["server_cpu_us_per_request"]
+                            for r, b in zip(reps, rest, strict=True)
+                        ),
+                        "errors": sum(sum(r["errors"].values()) for r in reps),
+                    }
                 )
-                row[f"{name}_server_cpu_us"] = statistics.median(
-                    r["server_cpu_us_per_request"] for r in reps
-                )
-                row[f"{name}_errors"] = sum(sum(r["errors"].values()) for r in reps)
-            row["qps_grpc_over_rest"] = statistics.median(
-                g["qps"] / r["qps"] for g, r in zip(grpc, rest, strict=True)
-            )
-            row["p99_grpc_over_rest"] = statistics.median(
-                g["p99_ms"] / r["p99_ms"] for g, r in zip(grpc, rest, strict=True)
-            )
-            rows.append(row)
     return rows
 
 
 def report(rows: list[dict[str, Any]]) -> str:
     header = [
         "model",
-        "concurrency",
-        "REST req/s",
-        "gRPC req/s",
-        "gRPC / REST req/s",
-        "REST p50 / p99 (ms)",
-        "gRPC p50 / p99 (ms)",
-        "gRPC / REST p99",
-        "client CPU REST / gRPC",
-        "server CPU µs/req REST / gRPC",
+        "c",
+        "variant (engine / client)",
+        "req/s",
+        "÷ REST req/s",
+        "p50 / p99 (ms)",
+        "server CPU µs/req",
+        "÷ REST CPU/req",
+        "client CPU",
         "errors",
     ]
     return _server.markdown_table(
@@ -159,15 +201,14 @@ def report(rows: list[dict[str, Any]]) -> str:
             [
                 r["model"],
                 r["concurrency"],
-                f"{r['rest_qps']:.0f}",
-                f"{r['grpc_qps']:.0f}",
-                f"{r['qps_grpc_over_rest']:.2f}x",
-                f"{r['rest_p50_ms']:.2f} / {r['rest_p99_ms']:.2f}",
-                f"{r['grpc_p50_ms']:.2f} / {r['grpc_p99_ms']:.2f}",
-                f"{r['p99_grpc_over_rest']:.2f}x",
-                f"{r['rest_client_cpu']:.2f} / {r['grpc_client_cpu']:.2f}",
-                f"{r['rest_server_cpu_us']:.0f} / {r['grpc_server_cpu_us']:.0f}",
-                r["rest_errors"] + r["grpc_errors"],
+                r["variant"],
+                f"{r['qps']:.0f}",
+                f"{r['qps_over_rest']:.2f}x",
+                f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f}",
+                f"{r['server_cpu_us']:.0f}",
+                f"{r['server_cpu_over_rest']:.2f}x",
+                f"{r['client_cpu']:.2f}",
+                r["errors"],
             ]
             for r in rows
         ],
@@ -177,13 +218,22 @@ def report(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = _server.arg_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="2 s per point, 1 repeat")
-    parser.add_argument("--concurrency", default="1,32", help="levels (%(default)s)")
+    parser.add_argument("--concurrency", default="1,50", help="levels (%(default)s)")
+    parser.add_argument("--engines", default=",".join(ENGINES), help="(%(default)s)")
+    parser.add_argument("--grpc-clients", default="raw", help="raw and/or grpcio (%(default)s)")
+    parser.add_argument("--models", type=int, default=4, help="how many of the models (4)")
     parser.add_argument("--duration-s", type=float, default=5.0, help="measured s per point")
     parser.add_argument("--warmup-s", type=float, default=1.0, help="warm-up s per point")
     parser.add_argument("--repeats", type=int, default=3, help="repeats (%(default)s)")
     args = parser.parse_args()
     if args.quick:
         args.duration_s, args.warmup_s, args.repeats = 2.0, 0.5, 1
+    for engine in args.engines.split(","):
+        if engine not in ENGINES:
+            parser.error(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
+    for client in args.grpc_clients.split(","):
+        if client not in CLIENTS:
+            parser.error(f"unknown gRPC client {client!r}; one of {', '.join(CLIENTS)}")
     _server.install_uvloop()
     env = _server.environment()
     started = time.time()

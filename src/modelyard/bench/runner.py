@@ -150,7 +150,7 @@ async def run_phase(config: BenchConfig, workload: Workload, phase: Phase) -> Be
             await progress.stop()
         await client.close()
     return recorder.summarise(
-        engine=f"python/{'grpc' if config.grpc_target else config.http_client}",
+        engine=f"python/{_client_name(config)}",
         mode="open" if config.is_open_loop else "closed",
         concurrency=phase.concurrency,
         target_rate=phase.rate,
@@ -242,12 +242,20 @@ def _poisson(
         yield int(at), model
 
 
+def _client_name(config: BenchConfig) -> str:
+    if config.grpc_target is None:
+        return config.http_client
+    return "grpc" if config.grpc_client == "grpcio" else "grpc-raw"
+
+
 def _open_client(config: BenchConfig, workload: Workload, concurrency: int) -> InferClient:
     access = Access.from_config(config)
     if config.grpc_target is not None:
         from modelyard.bench.grpc_client import GrpcInferClient
+        from modelyard.bench.grpc_raw import RawGrpcClient
 
-        return GrpcInferClient(
+        make = RawGrpcClient if config.grpc_client == "raw" else GrpcInferClient
+        return make(
             config.grpc_target,
             workload.payloads,
             timeout_s=config.request_timeout_s,

@@ -1,14 +1,26 @@
-"""grpc.aio server bootstrap: bind, register the servicer, start; and a graceful stop."""
+"""The gRPC server: an asyncio HTTP/2 listener on the server's event loop, and its stop.
+
+gRPC calls are served by :mod:`modelyard.frontends.grpc.connection` (HTTP/2 on asyncio)
+rather than by grpcio's server: grpcio's asyncio server spends several times REST's CPU
+per call in its completion-queue bridge (BENCHMARKS.md, section 4).
+"""
 
 from __future__ import annotations
 
-import grpc
+import asyncio
+import ssl
+from dataclasses import dataclass
 
 from modelyard.config.security import SecurityConfig
 from modelyard.frontends.auth import Authorizer
-from modelyard.frontends.grpc.auth import AuthInterceptor
-from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from modelyard.frontends.grpc.auth import grpc_plane
+from modelyard.frontends.grpc.connection import GrpcConnection
+from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
+from modelyard.frontends.grpc.rpc import Limits, Method, ServerState
 from modelyard.frontends.grpc.servicer import DataPlaneProtocol, InferenceServicer
+
+SERVICE = "inference.GRPCInferenceService"
+BACKLOG = 2048
 
 
 def _address(host: str, port: int) -> str:
@@ -18,19 +30,48 @@ def _address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def server_credentials(security: SecurityConfig) -> grpc.ServerCredentials | None:
-    """TLS credentials from the certificate settings (client CA → mutual TLS); None: plaintext.
+@dataclass(slots=True)
+class GrpcServer:
+    """A running gRPC listener and the state its connections share."""
+
+    listener: asyncio.Server
+    state: ServerState
+
+
+def server_credentials(security: SecurityConfig) -> ssl.SSLContext | None:
+    """A TLS context (HTTP/2 by ALPN; client CA → mutual TLS); None: plaintext.
 
     Raises OSError when a file cannot be read.
     """
     if security.tls_certfile is None or security.tls_keyfile is None:
         return None
-    ca = security.tls_client_ca_file
-    return grpc.ssl_server_credentials(
-        [(security.tls_keyfile.read_bytes(), security.tls_certfile.read_bytes())],
-        root_certificates=ca.read_bytes() if ca is not None else None,
-        require_client_auth=ca is not None,
-    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(security.tls_certfile, security.tls_keyfile)
+        ca = security.tls_client_ca_file
+        if ca is not None:
+            context.load_verify_locations(ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except ssl.SSLError as exc:
+        raise OSError(f"bad TLS file: {exc}") from exc
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
+def method_table(dataplane: DataPlaneProtocol) -> dict[bytes, Method]:
+    """Every RPC of the inference service by its path, bound to one servicer."""
+    servicer = InferenceServicer(dataplane)
+    methods = {}
+    for method in pb.DESCRIPTOR.services_by_name[SERVICE.rsplit(".", 1)[1]].methods:
+        path = f"/{SERVICE}/{method.name}"
+        request_class = getattr(pb, method.input_type.name)
+        methods[path.encode()] = Method(
+            plane=grpc_plane(path),
+            deserialize=request_class.FromString,
+            handler=getattr(servicer, method.name),
+        )
+    return methods
 
 
 async def start_grpc_server(
@@ -40,61 +81,69 @@ async def start_grpc_server(
     max_message_bytes: int,
     *,
     authorizer: Authorizer | None = None,
-    credentials: grpc.ServerCredentials | None = None,
+    credentials: ssl.SSLContext | None = None,
     max_concurrent_streams: int = 128,
     max_connection_idle_s: float = 300.0,
     max_concurrent_rpcs: int | None = None,
     handshake_timeout_s: float = 10.0,
-) -> tuple[grpc.aio.Server, int]:
+) -> tuple[GrpcServer, int]:
     """Start the KServe v2 gRPC server on ``host:port`` and return it with its bound port.
 
-    ``port`` 0 picks a free port. Messages over ``max_message_bytes`` either way are
-    refused by gRPC itself with RESOURCE_EXHAUSTED. ``authorizer`` checks each call's
-    token; ``credentials`` (see :func:`server_credentials`) serve TLS. Must run on the
-    server's event loop.
-    refused by gRPC itself with RESOURCE_EXHAUSTED. One connection may have at most
-    ``max_concurrent_streams`` RPCs open, the server runs at most
+    ``port`` 0 picks a free port. A message over ``max_message_bytes`` either way ends
+    its call with RESOURCE_EXHAUSTED. ``authorizer`` checks each call's token;
+    ``credentials`` (see :func:`server_credentials`) serve TLS. One connection may have
+    at most ``max_concurrent_streams`` calls open, the server runs at most
     ``max_concurrent_rpcs`` at once (RESOURCE_EXHAUSTED beyond), and a connection
-    without RPCs for ``max_connection_idle_s`` is closed, as is one that has not
-    completed its HTTP/2 handshake within ``handshake_timeout_s`` (a silent client).
-    Must run on the server's event loop.
+    without calls for ``max_connection_idle_s`` is closed, as is one that has not
+    completed its TLS and HTTP/2 handshakes within ``handshake_timeout_s`` (a silent
+    client). Must run on the server's event loop; raises OSError when it cannot listen.
     """
     if max_message_bytes <= 0:
         raise ValueError(f"max_message_bytes must be positive, got {max_message_bytes}")
-    interceptors = (
-        [AuthInterceptor(authorizer)] if authorizer is not None and authorizer.is_enabled else []
+    state = ServerState(
+        methods=method_table(dataplane),
+        limits=Limits(
+            max_message_bytes=max_message_bytes,
+            max_concurrent_streams=max_concurrent_streams,
+            max_concurrent_rpcs=max_concurrent_rpcs,
+            max_connection_idle_s=max_connection_idle_s,
+            handshake_timeout_s=handshake_timeout_s,
+        ),
+        authorizer=authorizer if authorizer is not None and authorizer.is_enabled else None,
     )
-    server = grpc.aio.server(
-        interceptors=interceptors,
-        maximum_concurrent_rpcs=max_concurrent_rpcs,
-        options=[
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes),
-            # Without this, Linux lets a second server bind the same port silently.
-            ("grpc.so_reuseport", 0),
-            ("grpc.max_concurrent_streams", max_concurrent_streams),
-            ("grpc.max_connection_idle_ms", int(max_connection_idle_s * 1000)),
-            ("grpc.server_handshake_timeout_ms", max(1, int(handshake_timeout_s * 1000))),
-        ],
-    )
-    # The generated registration function has no annotations (protoc emits no stubs for it).
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        InferenceServicer(dataplane), server
-    )
-    address = _address(host, port)
+    loop = asyncio.get_running_loop()
     try:
-        if credentials is None:
-            bound = server.add_insecure_port(address)
-        else:
-            bound = server.add_secure_port(address, credentials)
-    except RuntimeError as exc:
-        raise OSError(f"gRPC server cannot listen on {address}: {exc}") from exc
-    if bound == 0:
-        raise OSError(f"gRPC server cannot listen on {address}")
-    await server.start()
-    return server, bound
+        listener = await loop.create_server(
+            lambda: GrpcConnection(state),
+            host,
+            port,
+            ssl=credentials,
+            ssl_handshake_timeout=handshake_timeout_s if credentials is not None else None,
+            backlog=BACKLOG,
+            reuse_address=True,
+        )
+    except OSError as exc:
+        raise OSError(f"gRPC server cannot listen on {_address(host, port)}: {exc}") from exc
+    bound: int = listener.sockets[0].getsockname()[1]
+    return GrpcServer(listener, state), bound
 
 
-async def stop_grpc_server(server: grpc.aio.Server, grace_s: float) -> None:
-    """Refuse new RPCs, let those in flight finish for up to ``grace_s``, then cancel them."""
-    await server.stop(grace_s)
+def running_calls(connections: set[GrpcConnection]) -> int:
+    """How many calls the ``connections`` still have open."""
+    return sum(len(c.streams) for c in connections)
+
+
+async def stop_grpc_server(server: GrpcServer, grace_s: float) -> None:
+    """Refuse new calls, let those in flight finish for up to ``grace_s``, then cancel them."""
+    state = server.state
+    state.draining = True
+    server.listener.close()
+    for connection in list(state.connections):
+        connection.shutdown()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    while running_calls(state.connections) and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    for connection in list(state.connections):
+        connection.cancel_calls()
+    await server.listener.wait_closed()

@@ -1,7 +1,8 @@
 """The thin gRPC servicer: convert the message, call the data plane, convert back.
 
 Every handler runs inside :func:`_translated`, which turns a :class:`ServerError` into
-the status of its code (``errors.GRPC_STATUS``) and anything unforeseen into INTERNAL.
+an :class:`RpcError` with the status of its code (``errors.GRPC_STATUS``) and anything
+unforeseen into INTERNAL.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from modelyard.frontends.grpc.convert import (
 )
 from modelyard.frontends.grpc.errors import grpc_status
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
-from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from modelyard.frontends.grpc.rpc import RpcContext, RpcError
 from modelyard.protocol.names import check_model_name
 from modelyard.protocol.types import (
     TIMEOUT_HEADER,
@@ -40,7 +41,7 @@ from modelyard.protocol.types import (
 
 log = logging.getLogger(__name__)
 
-Context = grpc.aio.ServicerContext[Any, Any]
+Context = RpcContext
 
 _Self = TypeVar("_Self")
 _Req = TypeVar("_Req")
@@ -91,13 +92,13 @@ def _translated(
     async def wrapper(self: _Self, request: _Req, context: Context) -> _Resp:
         try:
             return await handler(self, request, context)
-        except grpc.aio.AbortError:
+        except RpcError:
             raise
         except ServerError as exc:
-            await context.abort(grpc_status(exc.code), exc.message, _retry_metadata(exc))
+            raise RpcError(grpc_status(exc.code), exc.message, _retry_metadata(exc)) from None
         except Exception as exc:
             log.exception("gRPC %s failed with an unexpected error", handler.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+            raise RpcError(grpc.StatusCode.INTERNAL, f"internal error: {exc}") from None
 
     return wrapper
 
@@ -144,7 +145,7 @@ def _load_config(params: Mapping[str, pb.ModelRepositoryParameter]) -> str | Non
     return config
 
 
-class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+class InferenceServicer:
     """``inference.GRPCInferenceService`` over a protocol-neutral data plane."""
 
     def __init__(self, dataplane: DataPlaneProtocol) -> None:
