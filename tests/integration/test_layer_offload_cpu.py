@@ -38,7 +38,8 @@ async def test_auto_on_a_cpu_device_offloads_no_layer_and_says_so(tmp_path: Path
         assert "n_gpu_layers auto on cpu: 0 of 3 offloaded" in offload["reason"]
         record = app.manager.resolve("llama-a", None)
         # The file stays charged once, as a mapped file, on the CPU's budget.
-        assert app.manager.budget.device("cpu").shared_bytes == (
-            root / "llama-a" / "1" / "model.gguf"
-        ).stat().st_size
+        assert (
+            app.manager.budget.device("cpu").shared_bytes
+            == (root / "llama-a" / "1" / "model.gguf").stat().st_size
+        )
         assert record.reserved_bytes > 0

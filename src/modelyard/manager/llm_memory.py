@@ -42,6 +42,10 @@ DEFAULT_MAX_CONTEXT = 4096
 rule as ``runtimes/llama_cpp.py``)."""
 RUNTIME_OVERHEAD_BYTES = 24 * _MIB
 """llama.cpp's libraries and the worker's own allocations, measured on the example models."""
+GPU_WORKER_BYTES = 512 * _MIB
+"""What a worker holds on a GPU before any layer: the CUDA context, cuBLAS's workspace and
+llama.cpp's pools (300-500 MiB on recent drivers). NVML's per-process figure, the
+footprint charged after the load, includes them, so the layers are planned around them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +152,9 @@ class LayerSplit:
     """Weight bytes of each repeating block, ``blk.0`` first."""
     output_bytes: int
     """The output matrix and the final norm (``output.weight``, ``output_norm.weight``)."""
+    device_fixed_bytes: int = 0
+    """The worker's fixed cost on the device once anything runs there
+    (:data:`GPU_WORKER_BYTES` on a GPU)."""
 
     @property
     def layers(self) -> int:
@@ -177,7 +184,8 @@ class LayerSplit:
         k = self._on_device(n)
         weights = sum(self.layer_bytes[self.layers - k :]) if k else 0
         output = self.output_bytes if n > self.layers else 0
-        return weights + output + k * self.kv_layer_bytes + (self.step_bytes if n > 0 else 0)
+        fixed = self.step_bytes + self.device_fixed_bytes if n > 0 else 0
+        return weights + output + k * self.kv_layer_bytes + fixed
 
     def host_bytes(self, n: int) -> int:
         """Host memory with ``n_gpu_layers = n``: the blocks left (weights read from the
@@ -205,20 +213,21 @@ class LayerSplit:
     def describe(self, n: int) -> str:
         """Where ``n_gpu_layers = n`` puts what, in MiB."""
         k = self._on_device(n)
+        fixed = self.step_bytes + self.device_fixed_bytes if n > 0 else 0
         out = " and the output" if n > self.layers else ""
         host = "the embeddings" + ("" if n > self.layers else " and the output")
         return (
             f"{k} of {self.layers} layers{out} on the device "
-            f"({(self.device_bytes(n) - (self.step_bytes if n > 0 else 0)) / _MIB:.1f} MiB "
-            f"weights and KV cache + {(self.step_bytes if n > 0 else 0) / _MIB:.1f} MiB compute "
-            f"= {self.device_bytes(n) / _MIB:.1f} MiB), {self.layers - k} layers and {host} "
+            f"({(self.device_bytes(n) - fixed) / _MIB:.1f} MiB weights and KV cache + "
+            f"{fixed / _MIB:.1f} MiB compute and runtime = {self.device_bytes(n) / _MIB:.1f} "
+            f"MiB), {self.layers - k} layers and {host} "
             f"on the host ({self.host_bytes(n) / _MIB:.1f} MiB)"
         )
 
 
-def split_layers(path: Path, config: GenerationConfig) -> LayerSplit:
-    """The layer-by-layer memory of the GGUF file at ``path`` (GGUFError if its header
-    cannot be read)."""
+def split_layers(path: Path, config: GenerationConfig, device_fixed_bytes: int = 0) -> LayerSplit:
+    """The layer-by-layer memory of the GGUF file at ``path`` with the worker's fixed
+    cost on the device (GGUFError if its header cannot be read)."""
     estimate = estimate_gguf(path, config)
     sizes = tensor_sizes(path)
     layers = [0] * estimate.dims.layers
@@ -232,4 +241,4 @@ def split_layers(path: Path, config: GenerationConfig) -> LayerSplit:
             output += nbytes
         else:
             other += nbytes
-    return LayerSplit(estimate, other, tuple(layers), output)
+    return LayerSplit(estimate, other, tuple(layers), output, device_fixed_bytes)

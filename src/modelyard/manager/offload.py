@@ -8,7 +8,8 @@ then every layer that fits in the free budget plus what is leaving (those evicti
 included) is offloaded. A load never evicts a model only to offload more layers: free
 room first, as placement does everywhere. A fixed ``n_gpu_layers`` is kept as it is.
 
-The device part (offloaded blocks, their KV cache, the compute buffers) is reserved on
+The device part (offloaded blocks, their KV cache, the compute buffers, and the worker's
+CUDA context and pools, which NVML's per-process figure counts) is reserved on
 the GPU as the worker's private memory; the rest (the blocks left on the CPU, their KV
 cache, the embeddings, the host's buffers) is reserved on the host's ``cpu`` device
 under the same key, and both are given back together. The arithmetic comes from the
@@ -29,7 +30,12 @@ from modelyard.errors import ModelLoadError
 from modelyard.manager.admission import Admission
 from modelyard.manager.devices import DeviceTable
 from modelyard.manager.events import EventLog
-from modelyard.manager.llm_memory import LayerSplit, gguf_estimate, split_layers
+from modelyard.manager.llm_memory import (
+    GPU_WORKER_BYTES,
+    LayerSplit,
+    gguf_estimate,
+    split_layers,
+)
 from modelyard.manager.records import Holder, ModelRecord
 from modelyard.repository.gguf import GGUFError
 from modelyard.runtimes.base import find_model_file
@@ -91,7 +97,7 @@ class Offloader:
         """The model's memory layer by layer (None when its header cannot be read)."""
         try:
             path = find_model_file(record.path, (".gguf",), record.model_file)
-            return split_layers(path, record.config.generation)
+            return split_layers(path, record.config.generation, GPU_WORKER_BYTES)
         except (OSError, GGUFError):
             return None
 

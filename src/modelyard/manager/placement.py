@@ -169,6 +169,12 @@ class Placer:
                     if len(allowed) == 1
                     else f"budget of {name} (and of every device it allows: {detail})"
                 )
+                if self.offload.applies(record, name) and not replica:
+                    raise MemoryBudgetError(
+                        f"model {record.key} needs {whole / _MIB:.1f} MiB on {name} for its "
+                        f"first layer alone (with the worker's CUDA context and buffers), more "
+                        f"than the whole {budget_bytes / _MIB:.1f} MiB {where}"
+                    )
                 raise self._admission.too_big(record, whole, budget_bytes, where)
             if full:
                 # Devices exist but are full: the budget's own refusal names what is in

@@ -17,7 +17,7 @@ from modelyard.config.devices import DeviceConfig
 from modelyard.config.model_config import GenerationConfig
 from modelyard.errors import MemoryBudgetError
 from modelyard.examples.gguf_llama import LlamaShape, write_llama_gguf
-from modelyard.manager.llm_memory import LayerSplit, split_layers
+from modelyard.manager.llm_memory import GPU_WORKER_BYTES, LayerSplit, split_layers
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.states import ModelState
 from modelyard.manager.stats import ManagerView
@@ -31,6 +31,8 @@ MIB = 1024 * 1024
 SHAPE = LlamaShape(layers=8, width=256, feed_forward=512, heads=4, kv_heads=2, merges=50)
 GENERATION = {"n_ctx": 256, "parallel": 1, "n_batch": 8}
 PID = 4242
+FIXED_MB = GPU_WORKER_BYTES / MIB
+"""The worker's CUDA context and pools, planned for on every GPU budget."""
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,7 @@ def setup(
         if fields.get("runtime") == "llama_cpp":
             path = tmp_path / name / "1" / "model.gguf"
             path.write_bytes(gguf_bytes)
-            split = split_layers(path, GenerationConfig(**GENERATION))
+            split = split_layers(path, GenerationConfig(**GENERATION), GPU_WORKER_BYTES)
     assert split is not None
     return manager, starts, split
 
@@ -78,9 +80,9 @@ async def test_a_gguf_bigger_than_the_gpu_budget_is_offloaded_in_part(
 ) -> None:
     gpu = FakeGpu(16 * GIB)
     manager, starts, split = setup(
-        tmp_path, gguf_bytes, {"llm": llm(devices=["cuda:0", "cpu"])}, gpu_mb=5, gpu=gpu
+        tmp_path, gguf_bytes, {"llm": llm(devices=["cuda:0", "cpu"])}, gpu_mb=FIXED_MB + 5, gpu=gpu
     )
-    budget = 5 * MIB
+    budget = int((FIXED_MB + 5) * MIB)
     expected = split.most_that_fit(budget)
     assert 0 < expected < split.layers, "the shape is chosen so that only part fits"
     gpu.processes[PID] = split.device_bytes(expected)  # what the worker holds there
@@ -101,7 +103,8 @@ async def test_a_gguf_bigger_than_the_gpu_budget_is_offloaded_in_part(
         dev = manager.budget.device(name)
         assert dev.reserved_bytes <= dev.budget_bytes
     [why] = messages(manager, "offloaded")
-    assert why.startswith(f"n_gpu_layers auto: {expected} of {split.layers + 1} fit in 5.0 MiB")
+    head = f"n_gpu_layers auto: {expected} of {split.layers + 1} fit in {FIXED_MB + 5:.1f} MiB"
+    assert why.startswith(head)
     assert f"{expected} of {split.layers} layers on the device" in why
     assert "host part charged to cpu" in why
     [view] = [m for m in ManagerView.of(manager).stats_json()["models"] if m["name"] == "llm"]
@@ -116,7 +119,7 @@ async def test_a_gguf_bigger_than_the_gpu_budget_is_offloaded_in_part(
 
 async def test_a_gguf_that_fits_goes_to_the_gpu_whole(tmp_path: Path, gguf_bytes: bytes) -> None:
     manager, starts, split = setup(
-        tmp_path, gguf_bytes, {"llm": llm(devices=["cuda:0"])}, gpu_mb=512
+        tmp_path, gguf_bytes, {"llm": llm(devices=["cuda:0"])}, gpu_mb=FIXED_MB + 512
     )
     record = await manager.load("llm")
     assert record.offload is not None
@@ -131,7 +134,7 @@ async def test_a_fixed_n_gpu_layers_is_kept(tmp_path: Path, gguf_bytes: bytes) -
         tmp_path,
         gguf_bytes,
         {"llm": llm(devices=["cuda:0"], generation={"n_gpu_layers": 2})},
-        gpu_mb=512,
+        gpu_mb=FIXED_MB + 512,
     )
     record = await manager.load("llm")
     assert starts[0].spec.options["n_gpu_layers"] == "2"
@@ -148,7 +151,7 @@ async def test_free_room_first_evicting_only_for_the_first_layer(
         "enc": {"memory_mb": 4, "devices": ["cuda:0"]},
         "llm": llm(devices=["cuda:0"]),
     }
-    manager, _, split = setup(tmp_path, gguf_bytes, models, gpu_mb=6)
+    manager, _, split = setup(tmp_path, gguf_bytes, models, gpu_mb=FIXED_MB + 6)
     enc = await manager.load("enc")
     free = manager.budget.device("cuda:0").free_bytes
     room = split.most_that_fit(free)
@@ -161,14 +164,14 @@ async def test_free_room_first_evicting_only_for_the_first_layer(
 
     # Not even one layer fits: the encoder is evicted, and the room it gives back is
     # used for as many layers as fit.
-    models["enc"]["memory_mb"] = 5.9
-    manager2, _, split = setup(tmp_path / "b", gguf_bytes, models, gpu_mb=6)
+    models["enc"]["memory_mb"] = FIXED_MB + 5.9
+    manager2, _, split = setup(tmp_path / "b", gguf_bytes, models, gpu_mb=FIXED_MB + 6)
     enc2 = await manager2.load("enc")
     assert manager2.budget.device("cuda:0").free_bytes < split.device_bytes(1)
     record2 = await manager2.load("llm")
     assert enc2.state is ModelState.UNLOADED
     assert record2.offload is not None
-    assert record2.offload.gpu_layers == split.most_that_fit(6 * MIB)
+    assert record2.offload.gpu_layers == split.most_that_fit(int((FIXED_MB + 6) * MIB))
     assert "after evicting enc:1" in messages(manager2, "offloaded")[0]
     await manager.close()
     await manager2.close()
@@ -178,7 +181,7 @@ async def test_a_host_part_that_does_not_fit_refuses_and_frees_the_gpu(
     tmp_path: Path, gguf_bytes: bytes
 ) -> None:
     manager, starts, _ = setup(
-        tmp_path, gguf_bytes, {"llm": llm(devices=["cuda:0"])}, gpu_mb=2, cpu_mb=1
+        tmp_path, gguf_bytes, {"llm": llm(devices=["cuda:0"])}, gpu_mb=FIXED_MB + 2, cpu_mb=1
     )
     with pytest.raises(MemoryBudgetError):
         await manager.load("llm")
@@ -200,4 +203,15 @@ async def test_on_a_cpu_device_auto_is_zero_layers(tmp_path: Path, gguf_bytes: b
     [charge] = manager.budget.device("cpu").shared.values()
     assert charge.file.size == len(gguf_bytes)
     assert split.layers == SHAPE.layers
+    await manager.close()
+
+
+async def test_a_gpu_too_small_for_one_layer_is_refused_with_the_reason(
+    tmp_path: Path, gguf_bytes: bytes
+) -> None:
+    manager, starts, _ = setup(tmp_path, gguf_bytes, {"llm": llm(devices=["cuda:0"])}, gpu_mb=64)
+    with pytest.raises(MemoryBudgetError, match="for its first layer alone") as refused:
+        await manager.load("llm")
+    assert "budget of cuda:0" in refused.value.message
+    assert starts == []
     await manager.close()
