@@ -91,3 +91,13 @@ def test_most_layers_that_fit(gguf_file: Path) -> None:
     assert text.startswith("3 of 4 layers on the device")
     assert "1 layers and the embeddings and the output on the host" in text
     assert "and the output on the device" in split.describe(5)
+
+
+def test_n_gpu_layers_is_auto_by_default_or_a_number() -> None:
+    from pydantic import ValidationError
+
+    assert GenerationConfig().n_gpu_layers == "auto"
+    assert GenerationConfig(n_gpu_layers=12).n_gpu_layers == 12
+    for bad in ("many", -1):
+        with pytest.raises(ValidationError, match="n_gpu_layers"):
+            GenerationConfig(n_gpu_layers=bad)
