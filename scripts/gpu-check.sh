@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Runs every test marked `gpu` on a machine with an NVIDIA GPU, in well under ten minutes:
 # placement on CUDA, device bytes per model measured through NVML, the per-model GPU
-# memory cap, no silent fallback to the CPU (tests/gpu/), plus the device unit tests.
+# memory cap, no silent fallback to the CPU, a GGUF model bigger than a capped GPU budget
+# loaded with part of its layers offloaded (tests/gpu/), plus the device unit tests.
 #
 # Needs, in the Python it runs ($PYTHON, default: .venv/bin/python, else python3):
 # modelyard's test dependencies and the `gpu` extra (onnxruntime-gpu in place of
-# onnxruntime, nvidia-ml-py). With GPU_CHECK_INSTALL=1 it installs the extra first.
+# onnxruntime, nvidia-ml-py). With GPU_CHECK_INSTALL=1 it installs the extra first. The
+# layer-offload check also needs a llama-cpp-python built with CUDA
+# (CMAKE_ARGS=-DGGML_CUDA=on pip install llama-cpp-python); without one it skips, saying so.
 # Prints one summary line per check (GPU-CHECK ...) for BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,11 +33,16 @@ fi
 "$PYTHON" - <<'PY'
 import onnxruntime, pynvml
 print("onnxruntime", onnxruntime.__version__, onnxruntime.get_available_providers())
+try:
+    import llama_cpp
+    print("llama-cpp-python", llama_cpp.__version__, "GPU offload:", llama_cpp.llama_supports_gpu_offload())
+except ImportError:
+    print("llama-cpp-python not installed: the layer-offload check skips")
 PY
 
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 # -s shows the GPU-CHECK lines; the timeout keeps the whole run under ten minutes.
 timeout 540 "$PYTHON" -m pytest -m "gpu or not gpu" -p no:cacheprovider -s -q \
   --timeout 240 -rs tests/gpu tests/unit/test_devices.py tests/unit/manager/test_placement.py \
-  tests/unit/workers/test_device.py 2>&1 | tee /dev/stderr | grep -E "GPU-CHECK|passed|failed|skipped" \
+  tests/unit/workers/test_device.py tests/unit/manager/test_layer_offload.py 2>&1 | tee /dev/stderr | grep -E "GPU-CHECK|passed|failed|skipped" \
   | sed 's/^/summary: /'

@@ -39,8 +39,11 @@ class GenerationConfig(BaseModel):
     length, capped at 4096. The KV-cache reservation is sized from it."""
     n_threads: PositiveInt = 2
     """CPU threads that decode (llama.cpp's ``n_threads``)."""
-    n_gpu_layers: NonNegativeInt = 0
-    """Layers offloaded to the accelerator (llama.cpp); 0 keeps the model on the CPU."""
+    n_gpu_layers: NonNegativeInt | Literal["auto"] = "auto"
+    """Layers offloaded to the GPU the model is placed on (llama.cpp). ``auto`` (the
+    default): as many as fit in the device's free budget, the rest on the CPU, charged
+    to the ``cpu`` device (see ``manager/offload.py``); on a CPU device, 0. A number is
+    used as it is on a GPU (``layers + 1`` also offloads the output matrix)."""
     parallel: PositiveInt = 1
     """Sequences decoded together (llama.cpp's parallel sequences); requests beyond it
     queue. The KV cache holds ``n_ctx`` tokens for each."""

@@ -29,10 +29,9 @@ from modelyard.manager.eviction import (
     protect_hot,
     select_victims,
 )
-from modelyard.manager.llm_memory import GgufEstimate, estimate_gguf
+from modelyard.manager.llm_memory import gguf_estimate
 from modelyard.manager.records import Holder, ModelRecord, Replica, ReplicaState
 from modelyard.manager.states import RESIDENT, ModelState
-from modelyard.repository.gguf import GGUFError
 from modelyard.repository.layout import dir_size_bytes
 from modelyard.runtimes.base import find_model_file
 from modelyard.workers.footprint import MappedFile, weight_files
@@ -112,7 +111,7 @@ class Admission:
         weights = sum(f.size for f in files)
         declared = max(0, int((record.config.memory_mb or 0) * _MIB) - weights)
         measured = record.measured_bytes or 0
-        gguf = self.gguf_estimate(record)
+        gguf = gguf_estimate(record)
         if gguf is not None:
             # KV cache and compute buffers from the header; the file is charged apart.
             return max(declared, measured, gguf.private_bytes)
@@ -120,34 +119,27 @@ class Admission:
         guess = int(private_files * _SIZE_GUESS_FACTOR) + _SIZE_GUESS_BASE_BYTES
         return max(declared, measured, guess)
 
-    def gguf_estimate(self, record: ModelRecord) -> GgufEstimate | None:
-        """The header-based estimate of a ``llama_cpp`` model (None for other runtimes, or
-        when the file cannot be read: the load then fails with the reason)."""
-        if record.config.runtime != "llama_cpp":
-            return None
-        try:
-            path = find_model_file(record.path, (".gguf",), record.model_file)
-            return estimate_gguf(path, record.config.generation)
-        except (OSError, GGUFError):
-            return None
-
     def too_big(
         self, record: ModelRecord, whole: int, budget_bytes: int, where: str
     ) -> MemoryBudgetError:
         """The refusal of a model bigger than a whole budget; a generative model's names
         the arithmetic of its estimate (weights, KV cache, buffers) and what to lower."""
-        gguf = self.gguf_estimate(record)
+        gguf = gguf_estimate(record)
         why = "" if gguf is None else f" ({gguf.arithmetic()}): lower n_ctx or parallel"
         return MemoryBudgetError(
             f"model {record.key} needs {whole / _MIB:.1f} MiB, more than the whole "
             f"{budget_bytes / _MIB:.1f} MiB {where}{why}"
         )
 
-    def mapped_files(self, record: ModelRecord) -> list[SharedFile]:
-        """The weight files ``record``'s replica will memory-map: ``share_weights`` ONNX
-        external data, or a ``llama_cpp`` model's GGUF file (always mapped)."""
+    def mapped_files(self, record: ModelRecord, device: str | None = None) -> list[SharedFile]:
+        """The weight files ``record``'s replica on ``device`` (default: its own) will
+        memory-map: ``share_weights`` ONNX external data, or a ``llama_cpp`` model's GGUF
+        file (always mapped), none on a GPU (offloaded layers are the worker's copies; the
+        host's part is charged apart, see ``manager/offload.py``)."""
         cfg = record.config
         if cfg.runtime == "llama_cpp":
+            if (device or record.device).startswith("cuda:"):
+                return []
             try:
                 return [MappedFile.of(find_model_file(record.path, (".gguf",), record.model_file))]
             except OSError:
@@ -220,11 +212,13 @@ class Admission:
         may_evict: bool = True,
         device: str | None = None,
         holder: Holder | None = None,
+        files: list[SharedFile] | None = None,
     ) -> None:
         """Reserve ``need`` bytes for ``record`` on ``device``, evicting allowed victims.
 
-        ``device`` defaults to where ``record`` is placed and ``holder`` to its first
-        replica; an extra replica passes its own device and key. With ``may_evict``
+        ``device`` defaults to where ``record`` is placed, ``holder`` to its first
+        replica and ``files`` to :meth:`mapped_files`; an extra replica passes its own
+        device and key, a GPU model's host part no files. With ``may_evict``
         False (prefetches, scale-out) it evicts nothing: it takes free room, waits for
         what is already leaving (the victims a prefetcher chose), or refuses.
         """
@@ -232,7 +226,7 @@ class Admission:
         holder = holder or record.key
         dev = self.budget.device(device)
         # ``need`` is the private part; mapped weight files are charged once per file.
-        files = self.mapped_files(record)
+        files = self.mapped_files(record, device) if files is None else files
         whole = need + sum(f.size for f in set(files))
         if whole > dev.budget_bytes:
             raise self.too_big(record, whole, dev.budget_bytes, f"budget of {device}")
@@ -444,6 +438,8 @@ class Admission:
         return None
 
     def release(self, record: ModelRecord) -> None:
-        """Give back the first replica's reservation (extra replicas release their own)."""
-        self.budget.release(record.device, record.key)
+        """Give back the first replica's reservations: on its device, and a GPU model's
+        host part on the CPU (extra replicas release their own)."""
+        for device in self.budget.devices:
+            self.budget.release(device, record.key)
         record.reserved_bytes = 0

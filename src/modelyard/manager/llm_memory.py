@@ -10,6 +10,12 @@ Three parts, as llama.cpp allocates them:
 * **compute buffers**: the scratch of one decode step for ``n_batch`` tokens (logits over
   the vocabulary, activations, attention scores over the context), plus the runtime's own
   fixed cost in the worker; a first guess that the measured footprint replaces.
+
+On a ``cuda:N`` device the same sums are split by layer (:class:`LayerSplit`): llama.cpp
+offloads the *last* ``n_gpu_layers`` repeating blocks (and the output matrix when
+``n_gpu_layers`` exceeds the block count), each with its share of the KV cache; the token
+embeddings always stay on the CPU. What is offloaded is copied into device memory (the
+worker's own, not the page cache); what stays is read from the mapped file on the host.
 """
 
 from __future__ import annotations
@@ -19,7 +25,13 @@ from pathlib import Path
 
 from modelyard.config.model_config import GenerationConfig
 from modelyard.manager.records import ModelRecord
-from modelyard.repository.gguf import GGUFError, LlamaDims, llama_dims, read_metadata
+from modelyard.repository.gguf import (
+    GGUFError,
+    LlamaDims,
+    llama_dims,
+    read_metadata,
+    tensor_sizes,
+)
 from modelyard.runtimes.base import find_model_file
 
 _MIB = 1024 * 1024
@@ -30,6 +42,10 @@ DEFAULT_MAX_CONTEXT = 4096
 rule as ``runtimes/llama_cpp.py``)."""
 RUNTIME_OVERHEAD_BYTES = 24 * _MIB
 """llama.cpp's libraries and the worker's own allocations, measured on the example models."""
+GPU_WORKER_BYTES = 512 * _MIB
+"""What a worker holds on a GPU before any layer: the CUDA context, cuBLAS's workspace and
+llama.cpp's pools (300-500 MiB on recent drivers). NVML's per-process figure, the
+footprint charged after the load, includes them, so the layers are planned around them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,3 +119,126 @@ def context_length_of(record: ModelRecord) -> int | None:
         return context_tokens(llama_dims(read_metadata(path)), cfg.generation)
     except (OSError, GGUFError):
         return cfg.generation.n_ctx
+
+
+def gguf_estimate(record: ModelRecord) -> GgufEstimate | None:
+    """The header-based estimate of a ``llama_cpp`` model (None for other runtimes, or
+    when the file cannot be read: the load then fails with the reason)."""
+    if record.config.runtime != "llama_cpp":
+        return None
+    try:
+        path = find_model_file(record.path, (".gguf",), record.model_file)
+        return estimate_gguf(path, record.config.generation)
+    except (OSError, GGUFError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSplit:
+    """A GGUF model's memory layer by layer: what ``n_gpu_layers = n`` puts on the
+    device and what it leaves on the host.
+
+    ``n`` runs from 0 (all on the CPU) to ``layers + 1``: the last ``min(n, layers)``
+    repeating blocks go to the device with their KV cache, and ``layers + 1`` moves the
+    output matrix (and its norm) too, as llama.cpp counts it. The device also holds the
+    compute buffers of one step once anything runs there; the host keeps its own, the
+    runtime's fixed cost, the embeddings and every block not offloaded.
+    """
+
+    estimate: GgufEstimate
+    input_bytes: int
+    """Token embeddings and anything else outside the blocks and the output: host only."""
+    layer_bytes: tuple[int, ...]
+    """Weight bytes of each repeating block, ``blk.0`` first."""
+    output_bytes: int
+    """The output matrix and the final norm (``output.weight``, ``output_norm.weight``)."""
+    device_fixed_bytes: int = 0
+    """The worker's fixed cost on the device once anything runs there
+    (:data:`GPU_WORKER_BYTES` on a GPU)."""
+
+    @property
+    def layers(self) -> int:
+        """Repeating blocks."""
+        return len(self.layer_bytes)
+
+    @property
+    def most(self) -> int:
+        """The largest useful ``n_gpu_layers``: every block and the output."""
+        return self.layers + 1
+
+    @property
+    def kv_layer_bytes(self) -> int:
+        """One block's KV cache (``n_ctx x parallel`` tokens)."""
+        return self.estimate.kv_cache_bytes // max(1, self.layers)
+
+    @property
+    def step_bytes(self) -> int:
+        """The compute buffers of one decode step (without the runtime's fixed cost)."""
+        return self.estimate.compute_bytes - RUNTIME_OVERHEAD_BYTES
+
+    def _on_device(self, n: int) -> int:
+        return min(max(n, 0), self.layers)
+
+    def device_bytes(self, n: int) -> int:
+        """Device memory with ``n_gpu_layers = n``."""
+        k = self._on_device(n)
+        weights = sum(self.layer_bytes[self.layers - k :]) if k else 0
+        output = self.output_bytes if n > self.layers else 0
+        fixed = self.step_bytes + self.device_fixed_bytes if n > 0 else 0
+        return weights + output + k * self.kv_layer_bytes + fixed
+
+    def host_bytes(self, n: int) -> int:
+        """Host memory with ``n_gpu_layers = n``: the blocks left (weights read from the
+        mapped file, and their KV cache), the embeddings, the output unless offloaded,
+        the compute buffers and the runtime."""
+        left = self.layers - self._on_device(n)
+        output = 0 if n > self.layers else self.output_bytes
+        return (
+            self.input_bytes
+            + sum(self.layer_bytes[:left])
+            + output
+            + left * self.kv_layer_bytes
+            + self.estimate.compute_bytes
+        )
+
+    def most_that_fit(self, available_bytes: int) -> int:
+        """The largest ``n_gpu_layers`` whose device bytes fit in ``available_bytes``."""
+        best = 0
+        for n in range(1, self.most + 1):
+            if self.device_bytes(n) > available_bytes:
+                break
+            best = n
+        return best
+
+    def describe(self, n: int) -> str:
+        """Where ``n_gpu_layers = n`` puts what, in MiB."""
+        k = self._on_device(n)
+        fixed = self.step_bytes + self.device_fixed_bytes if n > 0 else 0
+        out = " and the output" if n > self.layers else ""
+        host = "the embeddings" + ("" if n > self.layers else " and the output")
+        return (
+            f"{k} of {self.layers} layers{out} on the device "
+            f"({(self.device_bytes(n) - fixed) / _MIB:.1f} MiB weights and KV cache + "
+            f"{fixed / _MIB:.1f} MiB compute and runtime = {self.device_bytes(n) / _MIB:.1f} "
+            f"MiB), {self.layers - k} layers and {host} "
+            f"on the host ({self.host_bytes(n) / _MIB:.1f} MiB)"
+        )
+
+
+def split_layers(path: Path, config: GenerationConfig, device_fixed_bytes: int = 0) -> LayerSplit:
+    """The layer-by-layer memory of the GGUF file at ``path`` with the worker's fixed
+    cost on the device (GGUFError if its header cannot be read)."""
+    estimate = estimate_gguf(path, config)
+    sizes = tensor_sizes(path)
+    layers = [0] * estimate.dims.layers
+    other = output = 0
+    for name, nbytes in sizes.items():
+        block, _, rest = name.partition(".")
+        index, _, _ = rest.partition(".")
+        if block == "blk" and index.isdigit() and int(index) < len(layers):
+            layers[int(index)] += nbytes
+        elif name.startswith(("output.", "output_norm.")):
+            output += nbytes
+        else:
+            other += nbytes
+    return LayerSplit(estimate, other, tuple(layers), output, device_fixed_bytes)

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 
 from modelyard.clock import Clock
-from modelyard.config.model_config import BROWNOUT_KEYS, ModelConfig
+from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import ServerSettings
 from modelyard.errors import (
     DeadlineExceededError,
@@ -226,7 +226,8 @@ class Loader:
                 self.events.add("placed", record.key, placement.reason)
                 log.info("placing %s: %s", record.key, placement.reason)
             try:
-                await self._admission.admit(record, need, deadline, may_evict=not prefetch)
+                # A GGUF model on a GPU: its layers split between the GPU and the host.
+                await self.placer.offload.admit(record, need, deadline, may_evict=not prefetch)
             except DeadlineExceededError:
                 if prefetch:
                     return
@@ -332,7 +333,7 @@ class Loader:
             device=device,
             cores=parsed.cores,
             gpu_memory_limit_bytes=gpu_limit,
-            options=_runtime_options(cfg),
+            options=self.placer.offload.runtime_options(record, device),
             model_file=record.model_file,
         )
         warmup = (
@@ -434,16 +435,3 @@ class Loader:
                 log.warning("restart %d of %s failed: %s", attempt + 1, record.key, exc)
         self._admission.release(record)
         self.fail(record, f"worker died ({reason}); restarts failed", "restart_failed")
-
-
-def _runtime_options(cfg: ModelConfig) -> dict[str, str]:
-    """The runtime's options: the config's, plus a generative model's ``generation:``
-    settings (n_ctx, n_threads, n_gpu_layers, parallel, n_batch) as strings; brownout's
-    stay in the server, which applies them."""
-    options = dict(cfg.options)
-    if cfg.is_generative:
-        gen = cfg.generation
-        for key, value in gen.model_dump(exclude=BROWNOUT_KEYS).items():
-            if value is not None:
-                options[key] = str(value)
-    return options

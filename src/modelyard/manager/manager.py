@@ -84,7 +84,7 @@ class ModelManager:
             demand=self.demand,
             hot_fraction=0.1 if settings.protect_hot else 0.0,
         )
-        self.placer = Placer(self.devices, self.admission)
+        self.placer = Placer(self.devices, self.admission, self.events)
         self._loader = Loader(
             settings,
             instance_factory,

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from modelyard.errors import MemoryBudgetError, ModelLoadError
 from modelyard.manager.admission import Admission
 from modelyard.manager.devices import DeviceTable
+from modelyard.manager.events import EventLog
+from modelyard.manager.offload import Offloader
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.states import RESIDENT
 
@@ -57,9 +59,13 @@ class _Cost:
 class Placer:
     """Chooses a device for each load and replica; pure reads of the manager's state."""
 
-    def __init__(self, devices: DeviceTable, admission: Admission) -> None:
+    def __init__(
+        self, devices: DeviceTable, admission: Admission, events: EventLog | None = None
+    ) -> None:
         self.devices = devices
         self._admission = admission
+        self.offload = Offloader(devices, admission, events)
+        """How many layers of a GGUF model go to the GPU it is placed on."""
 
     def device_load(self, device: str) -> int:
         """Requests queued, running or routed on ``device`` (every replica there)."""
@@ -79,12 +85,12 @@ class Placer:
         device's reason) and MemoryBudgetError when devices exist but none has room.
         """
         allowed = self.devices.allowed(record.config)
-        files = self._admission.mapped_files(record)
+        asked = need
         budget = self._admission.budget
         notes: list[str] = []
         options: list[tuple[_Cost, str, str]] = []
         unusable = 0
-        full: list[str] = []  # usable devices big enough for it, but without room now
+        full: list[tuple[str, int]] = []  # usable devices big enough, without room now
         too_big: list[tuple[str, int, int]] = []  # (device, bytes needed, its whole budget)
         for preference, name in enumerate(allowed):
             dev = self.devices[name]
@@ -93,6 +99,10 @@ class Placer:
                 unusable += 1
                 continue
             account = budget.device(name)
+            # A GGUF model on a GPU needs one layer there at least (more as they fit),
+            # and maps no file there: its host part is charged to the CPU apart.
+            need = self.offload.demand(record, name, asked, replica=replica)
+            files = self._admission.mapped_files(record, name)
             holder = record.key
             current = 0 if replica else account.reservations.get(holder, 0)
             extra = need - current + account.uncharged_bytes(files)
@@ -144,7 +154,7 @@ class Placer:
                 options.append((_Cost(2, 0.0, 0, same, load, preference), name, why))
                 continue
             notes.append(f"{name}: no room even after evictions")
-            full.append(name)
+            full.append((name, need))
         if not options:
             what = "a replica of " if replica else ""
             detail = "; ".join(notes) or "it lists no configured device"
@@ -159,11 +169,17 @@ class Placer:
                     if len(allowed) == 1
                     else f"budget of {name} (and of every device it allows: {detail})"
                 )
+                if self.offload.applies(record, name) and not replica:
+                    raise MemoryBudgetError(
+                        f"model {record.key} needs {whole / _MIB:.1f} MiB on {name} for its "
+                        f"first layer alone (with the worker's CUDA context and buffers), more "
+                        f"than the whole {budget_bytes / _MIB:.1f} MiB {where}"
+                    )
                 raise self._admission.too_big(record, whole, budget_bytes, where)
             if full:
                 # Devices exist but are full: the budget's own refusal names what is in
                 # the way (pinned, higher priority) on the first of them.
-                refusal = self._admission.refusal(record, need, full[0])
+                refusal = self._admission.refusal(record, full[0][1], full[0][0])
                 if len(allowed) > 1:
                     refusal = MemoryBudgetError(
                         f"{refusal.message}; on every device it allows: {detail}",

@@ -15,6 +15,7 @@ from modelyard.manager.retry import LoadBackoff
 from modelyard.manager.states import ModelState
 
 if TYPE_CHECKING:
+    from modelyard.manager.offload import OffloadPlan
     from modelyard.scheduling.scheduler import ModelScheduler
     from modelyard.workers.instance import InstanceInfo, ModelInstance
 
@@ -183,6 +184,8 @@ class ModelRecord:
 
     prefetched_at: float | None = None
     """When a prefetch started loading it, until a request uses it (None: not prefetched)."""
+    offload: OffloadPlan | None = None
+    """A GGUF model on a GPU: how many layers its last load put there, and why."""
 
     def __post_init__(self) -> None:
         if not self.device:

@@ -56,6 +56,8 @@ class VersionView:
     """The circuit breaker's state (None while no scheduler runs)."""
     replicas: list[ReplicaView] = field(default_factory=list)
     """Its extra replicas (scale-out), each on its own device."""
+    offload: dict[str, Any] | None = None
+    """A GGUF model on a GPU: its layers on the device and on the host, and why."""
 
     @classmethod
     def of(cls, record: ModelRecord, now: float) -> VersionView:
@@ -98,6 +100,7 @@ class VersionView:
             scheduler=scheduler.stats() if scheduler is not None else None,
             breaker=scheduler.breaker.state.value if scheduler is not None else None,
             replicas=[ReplicaView.of(r) for r in record.replicas],
+            offload=record.offload.to_json() if record.offload is not None else None,
         )
 
     def stats_json(self) -> dict[str, Any]:
@@ -143,6 +146,8 @@ class VersionView:
         if self.scheduler is not None:
             out["scheduler"] = self.scheduler
         out["replicas"] = [r.to_json() for r in self.replicas]
+        if self.offload is not None:
+            out["offload"] = self.offload
         return out
 
     def health_json(self) -> dict[str, Any]:

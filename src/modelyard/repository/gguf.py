@@ -32,6 +32,7 @@ _STRING = 8
 _ARRAY = 9
 _MAX_STRING_BYTES = 64 * 1024 * 1024
 _MAX_KEYS = 1 << 20
+_MAX_DIMS = 8
 
 
 class GGUFError(ValueError):
@@ -94,23 +95,60 @@ def _read_value(f: BinaryIO, kind: int) -> GGUFValue:
     raise GGUFError(f"unknown GGUF value type {kind}")
 
 
+def _read_header(f: BinaryIO, path: Path) -> tuple[dict[str, GGUFValue], int]:
+    """The metadata and the tensor count; ``f`` is left at the first tensor's info."""
+    if f.read(4) != _MAGIC:
+        raise GGUFError(f"{path.name} is not a GGUF file")
+    version = _read_int(f, "<I")
+    if version < 2:
+        raise GGUFError(f"{path.name}: GGUF version {version} is too old")
+    tensors = _read_int(f, "<Q")
+    keys = _read_int(f, "<Q")
+    if keys > _MAX_KEYS:
+        raise GGUFError(f"{path.name}: {keys} metadata keys")
+    meta: dict[str, GGUFValue] = {}
+    for _ in range(keys):
+        key = _read_string(f)
+        meta[key] = _read_value(f, _read_int(f, "<I"))
+    return meta, tensors
+
+
 def read_metadata(path: Path) -> dict[str, GGUFValue]:
     """The key/value metadata of the GGUF file at ``path`` (GGUFError if it is not one)."""
     with path.open("rb") as f:
-        if f.read(4) != _MAGIC:
-            raise GGUFError(f"{path.name} is not a GGUF file")
-        version = _read_int(f, "<I")
-        if version < 2:
-            raise GGUFError(f"{path.name}: GGUF version {version} is too old")
-        _read_int(f, "<Q")  # tensor count
-        keys = _read_int(f, "<Q")
-        if keys > _MAX_KEYS:
-            raise GGUFError(f"{path.name}: {keys} metadata keys")
-        meta: dict[str, GGUFValue] = {}
-        for _ in range(keys):
-            key = _read_string(f)
-            meta[key] = _read_value(f, _read_int(f, "<I"))
-    return meta
+        return _read_header(f, path)[0]
+
+
+def tensor_sizes(path: Path) -> dict[str, int]:
+    """Bytes of each tensor of the GGUF file at ``path``, by name.
+
+    Read from the offsets in the header: a tensor runs to the next one's offset (its
+    alignment padding included), the last to the end of the file, so no table of the
+    quantisation formats' block sizes is needed and every format is sized alike.
+    """
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        meta, count = _read_header(f, path)
+        if count > _MAX_KEYS:
+            raise GGUFError(f"{path.name}: {count} tensors")
+        offsets: list[tuple[int, str]] = []
+        for _ in range(count):
+            name = _read_string(f)
+            dims = _read_int(f, "<I")
+            if dims > _MAX_DIMS:
+                raise GGUFError(f"{path.name}: tensor {name} has {dims} dimensions")
+            f.seek(8 * dims + 4, 1)  # the dimensions and the element type
+            offsets.append((_read_int(f, "<Q"), name))
+        align = meta.get("general.alignment", 32)
+        if not isinstance(align, int) or isinstance(align, bool) or align <= 0:
+            raise GGUFError(f"{path.name}: general.alignment is {align!r}")
+        data_start = -(-f.tell() // align) * align
+    offsets.sort()
+    ends = [o for o, _ in offsets[1:]] + [size - data_start]
+    sizes = {name: end - offset for (offset, name), end in zip(offsets, ends, strict=True)}
+    if any(n < 0 for n in sizes.values()):
+        raise GGUFError(f"{path.name}: tensor data runs past the end of the file")
+    return sizes
 
 
 @dataclass(frozen=True, slots=True)
