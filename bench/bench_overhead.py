@@ -4,6 +4,7 @@ Run from the repository root::
 
     .venv/bin/python bench/bench_overhead.py            # 5 repeats of 4 s per mode
     .venv/bin/python bench/bench_overhead.py --quick    # 2 repeats of 2 s per mode
+    .venv/bin/python bench/bench_overhead.py --baseline-src OTHER_TREE/src   # before/after
 
 One ``modelyard serve`` subprocess serves the same identity ONNX model (FP32 ``[1, 4]``,
 built at run time) twice: ``isolation: process`` (own worker process, shared memory and a
@@ -18,8 +19,16 @@ client's own HTTP and JSON work, loopback TCP, the server and the worker hop. A 
 **floor**, sends the same requests with the same client to a minimal HTTP/1.1 server (an
 uvloop ``asyncio.Protocol`` in another process that answers every request with a fixed
 v2 response body): what any Python server would cost at the least, so modelyard - floor is
-the part modelyard itself adds. The modes run back to back per repeat, order rotated; the
-medians over repeats are reported.
+the part modelyard itself adds. A fifth, **round trip**, times a datagram sent to another
+process and echoed back on a SOCK_SEQPACKET pair (what any worker hop costs at the least).
+The modes run back to back per repeat, order rotated; the medians over repeats are reported.
+
+Then, per server (and the floor), one phase at **concurrency 50** gives the server's CPU
+per request under load (the whole process tree, workers included), beside the floor's.
+
+With ``--baseline-src DIR``, a second server runs the modelyard sources in ``DIR`` (put
+first on its ``PYTHONPATH``) on the same model, and its modes (``*-base``) take their turn
+in every repeat: a before/after comparison measured in one run, on the same machine state.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -46,7 +56,10 @@ from modelyard.bench import BenchConfig, run_bench
 from modelyard.examples.mlp import build_identity_onnx
 
 TARGET_OVERHEAD_US = 150.0
-MODES = ("bare", "floor", "process", "inline")
+MODES = ("bare", "floor", "roundtrip", "process", "inline")
+SERVER_MODES = ("process", "inline")
+LOAD_CONCURRENCY = 50
+TARGET_CPU_US_C50 = 120.0
 PAYLOAD = {
     "inputs": [
         {
@@ -92,6 +105,50 @@ uvloop.run(main())
 """
 
 
+# The echo end of the round-trip floor: blocking recv/send on an inherited socket.
+_ECHO = """
+import socket, sys
+sock = socket.socket(fileno=int(sys.argv[1]))
+buf = bytearray(65536)
+while True:
+    n = sock.recv_into(buf)
+    if n == 0:
+        break
+    sock.send(memoryview(buf)[:n])
+"""
+_ROUND_TRIP_BYTES = 41
+"""The size of an ``Infer`` message with one input (see BENCHMARKS.md section 12)."""
+
+
+def roundtrip_phase(calls: int) -> dict[str, Any]:
+    """``calls`` timed datagram round trips to an echoing process (after 200 untimed); µs."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _ECHO, str(theirs.fileno())],
+        pass_fds=(theirs.fileno(),),
+        stdin=subprocess.DEVNULL,
+    )
+    theirs.close()
+    try:
+        msg, buf = b"x" * _ROUND_TRIP_BYTES, bytearray(65536)
+        for _ in range(200):
+            ours.send(msg)
+            ours.recv_into(buf)
+        samples = np.empty(calls, dtype=np.float64)
+        clock = time.perf_counter_ns
+        for i in range(calls):
+            t0 = clock()
+            ours.send(msg)
+            ours.recv_into(buf)
+            samples[i] = clock() - t0
+    finally:
+        ours.close()
+        proc.wait(timeout=10)
+    samples /= 1e3
+    p50, p99 = np.percentile(samples, [50, 99]).tolist()
+    return {"p50_us": p50, "p99_us": p99, "mean_us": float(samples.mean()), "calls": calls}
+
+
 def bare_phase(session: ort.InferenceSession, calls: int) -> dict[str, Any]:
     """``calls`` timed ``session.run`` calls (after 200 untimed); µs."""
     x = {"input": np.random.default_rng(0).random((1, 4), dtype=np.float32)}
@@ -109,13 +166,13 @@ def bare_phase(session: ort.InferenceSession, calls: int) -> dict[str, Any]:
 
 
 def server_phase(
-    url: str, pid: int, model: str, payload: Path, duration_s: float
+    url: str, pid: int, model: str, payload: Path, duration_s: float, concurrency: int = 1
 ) -> dict[str, Any]:
-    """One concurrency-1 phase; adds the server's (tree's) CPU per request, warm-up included."""
+    """One closed-loop phase; adds the server's (tree's) CPU per request, warm-up included."""
     config = BenchConfig(
         url=url,
         models=(model,),
-        concurrency=(1,),
+        concurrency=(concurrency,),
         duration_s=duration_s,
         warmup_s=0.5,
         payload_files={model: payload},
@@ -165,14 +222,34 @@ def floor_server() -> Iterator[tuple[str, int]]:
             proc.wait(timeout=10)
 
 
+@contextlib.contextmanager
+def sources_first(src: str | None) -> Iterator[None]:
+    """Children started inside see ``src`` first on their PYTHONPATH (None: unchanged)."""
+    if src is None:
+        yield
+        return
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (src, old) if p)
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
 def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    modes = list(MODES)
+    if args.baseline_src:
+        modes += [f"{m}-base" for m in SERVER_MODES]
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         root = Path(tmp)
         path = build_identity_onnx(root / "identity" / "1" / "model.onnx")
         entries = [
             {"name": f"identity-{iso}", "path": "identity", "isolation": iso, "preload": True}
-            for iso in ("process", "inline")
+            for iso in SERVER_MODES
         ]
         cfg = _server.write_config(root, entries)
         payload = root / "payload.json"
@@ -184,25 +261,30 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
         session = ort.InferenceSession(
             str(path), sess_options=opts, providers=["CPUExecutionProvider"]
         )
-        with (
-            _server.Server(cfg, root / "server.log") as server,
-            floor_server() as (floor_url, floor_pid),
-        ):
+        with contextlib.ExitStack() as stack:
+            server = stack.enter_context(_server.Server(cfg, root / "server.log"))
+            servers = {"": server}
+            if args.baseline_src:
+                with sources_first(args.baseline_src):
+                    servers["-base"] = stack.enter_context(
+                        _server.Server(cfg, root / "server-base.log")
+                    )
+            floor_url, floor_pid = stack.enter_context(floor_server())
             print(f"server pid {server.pid} on {server.url}; floor on {floor_url}", file=sys.stderr)
             for rep in range(args.repeats):
-                shift = rep % len(MODES)
-                for mode in MODES[shift:] + MODES[:shift]:
+                shift = rep % len(modes)
+                for mode in modes[shift:] + modes[:shift]:
                     if mode == "bare":
                         r = bare_phase(session, args.bare_calls)
+                    elif mode == "roundtrip":
+                        r = roundtrip_phase(args.bare_calls)
                     elif mode == "floor":
                         r = server_phase(floor_url, floor_pid, "identity", payload, args.duration_s)
                     else:
+                        iso, _, base = mode.partition("-")
+                        srv = servers["-base" if base else ""]
                         r = server_phase(
-                            server.url,
-                            server.pid,
-                            f"identity-{mode}",
-                            payload,
-                            args.duration_s,
+                            srv.url, srv.pid, f"identity-{iso}", payload, args.duration_s
                         )
                     runs[mode].append(r)
                     print(
@@ -210,17 +292,36 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
                         f"{r['p99_us']:.1f} µs",
                         file=sys.stderr,
                     )
+            # Server CPU per request under load: one phase per server mode, and the floor.
+            for mode in ["floor", *(m for m in modes if m not in ("bare", "roundtrip", "floor"))]:
+                if mode == "floor":
+                    url, pid, model = floor_url, floor_pid, "identity"
+                else:
+                    iso, _, base = mode.partition("-")
+                    srv = servers["-base" if base else ""]
+                    url, pid, model = srv.url, srv.pid, f"identity-{iso}"
+                r = server_phase(url, pid, model, payload, args.duration_s, LOAD_CONCURRENCY)
+                runs[f"{mode}@c{LOAD_CONCURRENCY}"] = [r]
+                print(
+                    f"  c={LOAD_CONCURRENCY} {mode}: {r['qps']:.0f} req/s, server CPU "
+                    f"{r['server_cpu_us_per_request']:.0f} µs/request",
+                    file=sys.stderr,
+                )
     return runs
 
 
 def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Medians over repeats, overheads against the bare call, and the floors' ratios."""
     out: dict[str, dict[str, Any]] = {}
+    bare, floor = runs["bare"], runs["floor"]
     for mode, reps in runs.items():
+        if "@" in mode:
+            continue
         row: dict[str, Any] = {
             "p50_us": statistics.median(r["p50_us"] for r in reps),
             "p99_us": statistics.median(r["p99_us"] for r in reps),
         }
-        if mode != "bare":
+        if mode not in ("bare", "roundtrip"):
             row["qps"] = statistics.median(r["qps"] for r in reps)
             row["errors"] = sum(r["errors"] for r in reps)
             row["client_cpu_us_per_request"] = statistics.median(
@@ -229,7 +330,6 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
             row["server_cpu_us_per_request"] = statistics.median(
                 r["server_cpu_us_per_request"] for r in reps
             )
-            bare, floor = runs["bare"], runs["floor"]
             if mode != "floor":
                 row["above_floor_p50_us"] = statistics.median(
                     r["p50_us"] - f["p50_us"] for r, f in zip(reps, floor, strict=True)
@@ -240,54 +340,69 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
             row["overhead_p99_us"] = statistics.median(
                 r["p99_us"] - b["p99_us"] for r, b in zip(reps, bare, strict=True)
             )
+            load = runs.get(f"{mode}@c{LOAD_CONCURRENCY}")
+            if load:
+                row["qps_c50"] = load[0]["qps"]
+                row["server_cpu_us_per_request_c50"] = load[0]["server_cpu_us_per_request"]
         out[mode] = row
+    http_floor = out["floor"]["overhead_p50_us"]
+    round_trip = out["roundtrip"]["p50_us"]
+    floor_cpu = out["floor"].get("server_cpu_us_per_request_c50")
+    for mode, row in out.items():
+        if mode in ("bare", "roundtrip", "floor"):
+            continue
+        row["x_http_floor"] = row["overhead_p50_us"] / http_floor
+        row["x_both_floors"] = row["overhead_p50_us"] / (http_floor + round_trip)
+        if floor_cpu and row.get("server_cpu_us_per_request_c50"):
+            row["cpu_c50_x_floor"] = row["server_cpu_us_per_request_c50"] / floor_cpu
     return out
 
 
+def _label(mode: str) -> str:
+    if mode == "bare":
+        return "bare ORT session.run (in client)"
+    if mode == "roundtrip":
+        return "round trip to another process (floor)"
+    if mode == "floor":
+        return "minimal HTTP server (floor)"
+    iso, _, base = mode.partition("-")
+    return f"modelyard REST, isolation: {iso}" + (" (baseline sources)" if base else "")
+
+
 def report(summary: dict[str, dict[str, Any]]) -> str:
+    """The markdown table of ``summary``."""
     header = [
         "mode",
         "median (µs)",
         "p99 (µs)",
         "overhead median (µs)",
-        "overhead p99 (µs)",
-        "req/s",
-        "client CPU / request (µs)",
-        "server CPU / request (µs)",
-        "median above floor (µs)",
+        "overhead / HTTP floor",
+        "overhead / (HTTP + round-trip floors)",
+        "server CPU / request, c=1 (µs)",
+        f"server CPU / request, c={LOAD_CONCURRENCY} (µs)",
+        f"CPU / floor's CPU, c={LOAD_CONCURRENCY}",
+        f"req/s, c={LOAD_CONCURRENCY}",
     ]
-    rows = []
-    for mode, s in summary.items():
-        if mode == "bare":
-            rows.append(
-                [
-                    "bare ORT session.run (in client)",
-                    f"{s['p50_us']:.1f}",
-                    f"{s['p99_us']:.1f}",
-                    "-",
-                    "-",
-                    "-",
-                    "-",
-                    "-",
-                    "-",
-                ]
-            )
-        else:
-            rows.append(
-                [
-                    "minimal HTTP server (floor)"
-                    if mode == "floor"
-                    else f"modelyard REST, isolation: {mode}",
-                    f"{s['p50_us']:.1f}",
-                    f"{s['p99_us']:.1f}",
-                    f"{s['overhead_p50_us']:.1f}",
-                    f"{s['overhead_p99_us']:.1f}",
-                    f"{s['qps']:.0f}",
-                    f"{s['client_cpu_us_per_request']:.0f}",
-                    f"{s['server_cpu_us_per_request']:.0f}",
-                    f"{s['above_floor_p50_us']:.1f}" if "above_floor_p50_us" in s else "-",
-                ]
-            )
+
+    def num(row: dict[str, Any], key: str, fmt: str) -> str:
+        value = row.get(key)
+        return "-" if value is None else format(value, fmt)
+
+    rows = [
+        [
+            _label(mode),
+            num(s, "p50_us", ".1f"),
+            num(s, "p99_us", ".1f"),
+            num(s, "overhead_p50_us", ".1f"),
+            num(s, "x_http_floor", ".2f"),
+            num(s, "x_both_floors", ".2f"),
+            num(s, "server_cpu_us_per_request", ".0f"),
+            num(s, "server_cpu_us_per_request_c50", ".0f"),
+            num(s, "cpu_c50_x_floor", ".2f"),
+            num(s, "qps_c50", ".0f"),
+        ]
+        for mode, s in summary.items()
+    ]
     return _server.markdown_table(header, rows)
 
 
@@ -297,6 +412,9 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=4.0, help="measured s per phase")
     parser.add_argument("--bare-calls", type=int, default=5000, help="session.run calls per phase")
     parser.add_argument("--repeats", type=int, default=5, help="repeats (%(default)s)")
+    parser.add_argument(
+        "--baseline-src", default=None, help="modelyard sources of a second, baseline server"
+    )
     args = parser.parse_args()
     if args.quick:
         args.duration_s, args.repeats, args.bare_calls = 2.0, 2, 2000
@@ -307,8 +425,14 @@ def main() -> None:
     summary = summarise(runs)
     print(f"\nconcurrency 1; medians of {args.repeats} repeats; {env}\n")
     print(report(summary))
-    worst = max(summary[m]["overhead_p50_us"] for m in ("process", "inline"))
+    worst = max(summary[m]["overhead_p50_us"] for m in SERVER_MODES)
     print(f"\nworst median overhead {worst:.1f} µs (target <= {TARGET_OVERHEAD_US:.0f} µs)")
+    cpu = summary["process"].get("server_cpu_us_per_request_c50")
+    if cpu is not None:
+        print(
+            f"process isolation, c={LOAD_CONCURRENCY}: {cpu:.0f} µs of server CPU per request "
+            f"(target <= {TARGET_CPU_US_C50:.0f} µs)"
+        )
     path = _server.write_results(
         "bench_overhead",
         {

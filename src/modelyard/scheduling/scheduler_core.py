@@ -147,6 +147,9 @@ class SchedulerCore:
         """Measured compute seconds per batch size: what the wait estimate runs on."""
         self._arrivals: deque[tuple[float, int, int]] = deque()
         """``(time, priority, rows)`` of requests admitted in the last ARRIVAL_WINDOW_S."""
+        self._arrival_rows: dict[int, int] = {}
+        """Rows of ``_arrivals`` by priority, kept with it: the estimate reads these sums
+        (a few priorities) instead of walking the window (thousands of requests)."""
         self._in_call: dict[int, RunningCall] = {}
         """Model calls in flight (keyed by the id of their request list), for the estimate."""
 
@@ -219,17 +222,24 @@ class SchedulerCore:
         if estimate is None:
             return None
         self._forget_arrivals(now)
-        higher = sum(r for _, p, r in self._arrivals if p < priority) / ARRIVAL_WINDOW_S
+        higher = sum(r for p, r in self._arrival_rows.items() if p < priority) / ARRIVAL_WINDOW_S
         return estimate / share_left(higher, self._service, cap)
 
     def _note_arrival(self, priority: int, rows: int, now: float) -> None:
         """Count an admitted request toward its priority's arrival rate."""
         self._arrivals.append((now, priority, rows))
+        self._arrival_rows[priority] = self._arrival_rows.get(priority, 0) + rows
         self._forget_arrivals(now)
 
     def _forget_arrivals(self, now: float) -> None:
-        while self._arrivals and self._arrivals[0][0] < now - ARRIVAL_WINDOW_S:
-            self._arrivals.popleft()
+        arrivals, by_priority = self._arrivals, self._arrival_rows
+        while arrivals and arrivals[0][0] < now - ARRIVAL_WINDOW_S:
+            _, priority, rows = arrivals.popleft()
+            left = by_priority[priority] - rows
+            if left:
+                by_priority[priority] = left
+            else:
+                del by_priority[priority]
 
     def _refusal(self, priority: int, rows: int, now: float, deadline: float) -> Refusal | None:
         config = self.config

@@ -31,6 +31,10 @@ _RECV_BUFFER_BYTES = 256 * 1024
 _BYTES = "BYTES"
 _STR = "STR"
 _LEN = np.dtype("<u4")
+_MAX_VIEWS = 64
+"""Cached tensor views per region; a model's calls reuse a handful of layouts."""
+_DTYPE_STRS: dict[np.dtype, str] = {}
+"""``dtype.str`` by dtype: computing it costs about a microsecond every time."""
 
 
 class ChannelClosedError(ConnectionError):
@@ -58,6 +62,10 @@ class SharedRegion:
         self._size = 0
         self._mm: mmap.mmap | None = None
         self._u8: np.ndarray = np.empty(0, np.uint8)
+        self._views: dict[tuple[int, str, tuple[int, ...]], np.ndarray] = {}
+        """Typed views of the current mapping by (offset, dtype, shape): requests of one
+        model put the same tensors at the same offsets, and building a view (slice, view,
+        reshape) costs more than copying a small tensor."""
         self._map(size)
 
     @classmethod
@@ -84,6 +92,18 @@ class SharedRegion:
         self._mm = mmap.mmap(self._fd, size)
         self._u8 = np.frombuffer(self._mm, dtype=np.uint8)
         self._size = size
+        self._views = {}
+
+    def _view(self, offset: int, dtype: str, shape: tuple[int, ...], nbytes: int) -> np.ndarray:
+        """The typed view of ``nbytes`` at ``offset`` (cached for the current mapping)."""
+        key = (offset, dtype, shape)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= _MAX_VIEWS:
+                self._views.clear()
+            view = self._u8[offset : offset + nbytes].view(np.dtype(dtype)).reshape(shape)
+            self._views[key] = view
+        return view
 
     def remap(self, size: int) -> None:
         """Follow a growth made by the other process."""
@@ -104,30 +124,32 @@ class SharedRegion:
         self, tensors: Mapping[str, np.ndarray], start: int = 0
     ) -> tuple[tuple[TensorMeta, ...], int]:
         """Copy ``tensors`` in from ``start``; returns their metadata and the end offset."""
-        plan: list[tuple[str, np.ndarray, str, int, int, object]] = []
+        plan: list[tuple[str, np.ndarray, str, int, int, tuple[np.ndarray, bytes] | None]] = []
         offset = _align(start)
         for name, value in tensors.items():
             arr = value if isinstance(value, np.ndarray) else np.asarray(value)
-            if arr.dtype.kind == "O":
+            dt = arr.dtype
+            if dt.kind == "O":
                 kind, lens, blob = _pack_bytes(name, arr)
                 nbytes = lens.nbytes + len(blob)
                 plan.append((name, arr, kind, offset, nbytes, (lens, blob)))
             else:
-                if arr.dtype.kind == "V":
-                    raise TypeError(f"tensor {name!r} has unsupported dtype {arr.dtype}")
-                plan.append((name, arr, arr.dtype.str, offset, arr.nbytes, None))
+                if dt.kind == "V":
+                    raise TypeError(f"tensor {name!r} has unsupported dtype {dt}")
+                kind = _DTYPE_STRS.get(dt) or _DTYPE_STRS.setdefault(dt, dt.str)
                 nbytes = arr.nbytes
+                plan.append((name, arr, kind, offset, nbytes, None))
             offset = _align(offset + nbytes)
         self.ensure(offset)
-        u8 = self._u8
         metas = []
         for name, arr, kind, off, nbytes, packed in plan:
             if packed is None:
-                dst = u8[off : off + nbytes].view(arr.dtype).reshape(arr.shape)
-                np.copyto(dst, arr, casting="no")
+                # Same dtype and shape: a plain assignment is a copy, nothing else.
+                self._view(off, kind, arr.shape, nbytes)[...] = arr
             else:
-                lens, blob = packed  # type: ignore[misc]  # set together with kind BYTES/STR
+                lens, blob = packed
                 head = lens.nbytes
+                u8 = self._u8
                 u8[off : off + head] = lens.view(np.uint8)
                 u8[off + head : off + nbytes] = np.frombuffer(blob, dtype=np.uint8)
             metas.append(TensorMeta(name, kind, arr.shape, off, nbytes))
@@ -138,17 +160,18 @@ class SharedRegion:
 
         BYTES/STR tensors are always rebuilt as new object arrays.
         """
-        u8 = self._u8
         out: dict[str, np.ndarray] = {}
         for m in metas:
             end = m.offset + m.nbytes
             if end > self._size:
                 raise ValueError(f"tensor {m.name!r} lies past the shared region ({end} bytes)")
             if m.dtype in (_BYTES, _STR):
-                out[m.name] = _unpack_bytes(u8[m.offset : end], m.shape, m.dtype == _STR)
+                out[m.name] = _unpack_bytes(self._u8[m.offset : end], m.shape, m.dtype == _STR)
                 continue
-            view = u8[m.offset : end].view(np.dtype(m.dtype)).reshape(m.shape)
-            out[m.name] = view.copy() if copy else view
+            view = self._view(m.offset, m.dtype, m.shape, m.nbytes)
+            # A fresh array object either way: the cached one must not be reshaped by
+            # whoever holds the result.
+            out[m.name] = view.copy() if copy else view.view()
         return out
 
     def end_of(self, metas: tuple[TensorMeta, ...]) -> int:

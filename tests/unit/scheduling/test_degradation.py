@@ -11,6 +11,7 @@ import pytest
 from modelyard.errors import DeadlineUnreachableError, LoadShedError, OverloadedError
 from modelyard.scheduling import ModelScheduler, SchedulerConfig
 from modelyard.scheduling.degradation import SHED_HEADROOM, Refusal, decide
+from modelyard.scheduling.scheduler_core import ARRIVAL_WINDOW_S
 from modelyard.scheduling.wait_estimate import (
     MIN_SHARE,
     RunningCall,
@@ -332,6 +333,21 @@ async def test_estimate_grows_with_the_arrivals_of_higher_priorities(
     assert scheduler.estimate_latency_s(3) == pytest.approx(CALL_S / 0.9)
     model.release()
     await asyncio.gather(*tasks)
+
+
+async def test_arrivals_leave_the_estimate_once_out_of_the_window(
+    make_scheduler: MakeScheduler,
+) -> None:
+    scheduler, model, clock, tasks = await _measured_and_blocked(make_scheduler, NO_BATCHING, {})
+    assert scheduler.estimate_latency_s(3) == pytest.approx(CALL_S / 0.9)
+    model.release()
+    await asyncio.gather(*tasks)
+    # Past the arrival window, priority 1's two arrivals no longer take a share.
+    clock.advance(ARRIVAL_WINDOW_S + 0.01)
+    assert scheduler.estimate_latency_s(3) == pytest.approx(CALL_S)
+    # A new one counts again, alone: 0.5 row/s at 0.1 s a row leaves 0.95.
+    await _submit(scheduler, clock, 2, priority=1, deadline_in_s=FAR_S)
+    assert scheduler.estimate_latency_s(3) == pytest.approx(CALL_S / 0.95)
 
 
 def test_rule_keeps_one_call_of_slack_before_the_deadline() -> None:

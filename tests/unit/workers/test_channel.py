@@ -84,3 +84,18 @@ def test_reading_past_the_region_is_refused(region: SharedRegion) -> None:
     bad = (TensorMeta("x", "<f4", (1 << 30,), metas[0].offset, 4 << 30),)
     with pytest.raises(ValueError, match="past the shared region"):
         region.read(bad, copy=True)
+
+
+def test_repeated_layouts_read_and_write_the_current_bytes(region: SharedRegion) -> None:
+    # The same tensor at the same offset, call after call (the region caches its views).
+    for i in range(3):
+        x = np.full((2, 3), float(i), dtype=np.float32)
+        metas, _ = region.write({"x": x})
+        got = region.read(metas, copy=False)["x"]
+        np.testing.assert_array_equal(got, x)
+        got.shape = (6,)  # whoever holds a result may reshape it; the next read is intact
+        np.testing.assert_array_equal(region.read(metas, copy=True)["x"], x)
+    # After growing (a new mapping), the same layout reads the new mapping's bytes.
+    region.write({"big": np.ones(region.size, dtype=np.uint8)})
+    metas, _ = region.write({"x": np.full((2, 3), 7.0, dtype=np.float32)})
+    assert region.read(metas, copy=True)["x"].tolist() == [[7.0] * 3] * 2

@@ -16,13 +16,23 @@ subclass of uvicorn's httptools protocol (independent of the ASGI app), adds:
   for its head, or idle between keep-alive requests) is closed to make room; if every
   connection is busy, uvicorn's own ``limit_concurrency`` answers 503, and beyond a
   small overflow the new connection is closed at once, so descriptors never run out.
+
+It also answers infer requests on their request cycle without ASGI when the app allows
+it (see :mod:`~modelyard.frontends.http.direct`): the hot route's per-request cost.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from modelyard.frontends.http.direct import answer_cycle, direct_handler, direct_target
+from modelyard.frontends.http.fastpath import InferHandler
+
+if TYPE_CHECKING:
+    from uvicorn._types import ASGI3Application
 
 
 def overflow_connections(max_connections: int) -> int:
@@ -44,10 +54,14 @@ def guarded_protocol(
         _head_timer: asyncio.TimerHandle | None = None
         _body_timer: asyncio.TimerHandle | None = None
         _last_data_at = 0.0
+        _direct_infer: InferHandler | None = None
+        _direct: tuple[RequestResponseCycle, asyncio.Task[None]] | None = None
+        """The infer request answered without ASGI now, and its task."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             """Count the connection, make room if over the cap, start the head deadline."""
             super().connection_made(transport)
+            self._direct_infer = direct_handler(self.app)
             crowded = len(self.connections) > max_connections
             if crowded and not self._displace_one() and len(self.connections) > hard_cap:
                 transport.abort()
@@ -56,13 +70,33 @@ def guarded_protocol(
             self._head_timer = self.loop.call_later(header_timeout_s, self._head_too_late)
 
         def connection_lost(self, exc: Exception | None) -> None:
-            """Forget the connection and its deadlines."""
+            """Forget the connection and its deadlines; cancel a direct infer request."""
             waiting.pop(self, None)
             self._cancel_head_timer()
             if self._body_timer is not None:
                 self._body_timer.cancel()
                 self._body_timer = None
             super().connection_lost(exc)
+            direct, self._direct = self._direct, None
+            if direct is not None and not direct[0].response_complete:
+                # The client went: the request's work stops (it leaves its queue).
+                direct[0].disconnected = True
+                direct[0].message_event.set()
+                direct[1].cancel()
+
+        def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+            # NOTE: overrides a private uvicorn method (the one place a request cycle is
+            # started, pipelined ones included); tests/integration pin the direct path.
+            handler = self._direct_infer
+            if handler is not None and app is self.app:
+                target = direct_target(cycle)
+                if target is not None:
+                    task = self.loop.create_task(answer_cycle(handler, cycle, *target))
+                    task.add_done_callback(self.tasks.discard)
+                    self.tasks.add(task)
+                    self._direct = (cycle, task)
+                    return
+            super()._start_asgi_task(cycle, app)
 
         def data_received(self, data: bytes) -> None:
             """Feed the parser; time a head or a body that is still to come."""

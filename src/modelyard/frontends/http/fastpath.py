@@ -103,6 +103,26 @@ class InferHandler:
         self, scope: Scope, receive: Receive, send: Send, model: str, version: str | None
     ) -> None:
         """Read, decode, infer, encode and send; every failure through ``answer_error``."""
+        try:
+            payload, headers = await self.answer(scope, receive, model, version)
+        except Exception as exc:  # the server must keep serving whatever happened
+            await answer_error(exc, "POST", scope["path"])(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def answer(
+        self,
+        scope: Scope,
+        receive: Receive,
+        model: str,
+        version: str | None,
+        *,
+        watch_disconnect: bool = True,
+    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """The 200 answer's body and headers (``content-length`` first); raises the error
+        to answer otherwise. ``watch_disconnect=False``: the caller cancels the work itself
+        when the client goes (the direct cycle does, from ``connection_lost``)."""
         header_length = timeout_ms = None
         declared = -1
         for key, value in scope["headers"]:
@@ -112,14 +132,10 @@ class InferHandler:
                 timeout_ms = value.decode("latin-1")
             elif key == b"content-length" and value.isdigit():
                 declared = int(value)
-        try:
-            body = await read_body(receive, self.max_request_bytes, declared)
-            payload, header_len, served_by = await self.infer_body(
-                model, version, body, header_length, timeout_ms, receive
-            )
-        except Exception as exc:  # the server must keep serving whatever happened
-            await answer_error(exc, "POST", scope["path"])(scope, receive, send)
-            return
+        body = await read_body(receive, self.max_request_bytes, declared)
+        payload, header_len, served_by = await self.infer_body(
+            model, version, body, header_length, timeout_ms, receive if watch_disconnect else None
+        )
         headers = [(b"content-length", str(len(payload)).encode())]
         if header_len is None:
             headers.append((b"content-type", b"application/json"))
@@ -128,8 +144,7 @@ class InferHandler:
             headers.append((b"inference-header-content-length", str(header_len).encode()))
         if served_by is not None:
             headers.append((SERVED_BY_HEADER, served_by.encode()))
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
+        return payload, headers
 
     async def infer_body(
         self,
@@ -138,15 +153,16 @@ class InferHandler:
         body: bytes,
         header_length: str | None,
         timeout_ms: str | None,
-        receive: Receive,
+        receive: Receive | None,
     ) -> tuple[bytes, int | None, str | None]:
-        """Decode, infer (cancelled if the client disconnects), encode: the response body,
-        for binary outputs the JSON header's length, and the fallback model that answered
-        (None: the requested one did)."""
+        """Decode, infer (cancelled if the client disconnects: watched on ``receive``
+        unless None), encode: the response body, for binary outputs the JSON header's
+        length, and the fallback model that answered (None: the requested one did)."""
         req = decode_request(body, header_length, model, version, self.dp.max_request_elements)
         if timeout_ms is not None:
             req.timeout_s = earliest(req.timeout_s, header_timeout_s(timeout_ms))
-        resp = await unless_disconnected(receive, self.dp.infer(req))
+        work = self.dp.infer(req)
+        resp = await (work if receive is None else unless_disconnected(receive, work))
         payload, header_len = encode_response(resp, req)
         self.dp.check_response_bytes(len(payload))
         served_by = resp.parameters.get(SERVED_BY)
@@ -164,6 +180,10 @@ class InferFastPath:
     def __init__(self, infer: InferHandler, fallback: ASGIApp) -> None:
         self.infer = infer
         self.fallback = fallback
+        self.direct_infer: InferHandler | None = infer
+        """The handler the HTTP protocol may call without ASGI for infer requests (see
+        :mod:`~modelyard.frontends.http.direct`): this app is outermost, so no layer is
+        skipped by doing so."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Route: the infer fast path, or the fallback app."""

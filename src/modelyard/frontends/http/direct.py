@@ -1,0 +1,110 @@
+"""Infer requests answered on uvicorn's own request cycle, without ASGI in between.
+
+The HTTP protocol (:mod:`~modelyard.frontends.http.connections`) hands a
+``POST /v2/models/{m}[/versions/{v}]/infer`` request here instead of starting the ASGI
+app, when the app is the :class:`~modelyard.frontends.http.fastpath.InferFastPath`
+itself (no layer in front of it to skip: with tokens configured, the auth layer is
+outermost and every request keeps the ASGI path). The answer is what the ASGI route
+answers, built by the same :class:`~modelyard.frontends.http.fastpath.InferHandler`; what
+goes is the per-request machinery around it:
+
+* the status line, headers and body leave in **one** ``write`` (uvicorn's ASGI ``send``
+  writes the head and the body apart: two TCP segments, and the client may wake twice);
+* no ASGI messages, header checks or disconnect watcher: a client that goes is seen by
+  ``connection_lost``, which cancels the request's task (a queued request leaves its
+  queue, as on the ASGI path), so a quick answer pays for no timer at all.
+
+Errors, and anything unforeseen, are answered through the ASGI ``send`` of the cycle
+with :func:`~modelyard.frontends.http.errors.answer_error`, as on the ASGI path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import cast
+
+from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from modelyard.errors import RequestCancelledError
+from modelyard.frontends.http.errors import answer_error
+from modelyard.frontends.http.fastpath import InferFastPath, InferHandler, infer_target
+
+log = logging.getLogger("modelyard.http")
+
+_STATUS_200 = b"HTTP/1.1 200 OK\r\n"
+_JOIN_BELOW_BYTES = 64 * 1024
+"""Bodies up to this size are copied behind the head (one buffer); larger ones are
+written as a second buffer of the same ``writelines`` call, uncopied."""
+
+
+def direct_handler(app: object) -> InferHandler | None:
+    """The infer handler to call without ASGI, when ``app`` is the fast path itself."""
+    return app.direct_infer if isinstance(app, InferFastPath) else None
+
+
+def direct_target(cycle: RequestResponseCycle) -> tuple[str, str | None] | None:
+    """``(model, version)`` when the cycle's request is an infer request, else None."""
+    if cycle.scope["method"] != "POST":
+        return None
+    return infer_target(cycle.scope["path"])
+
+
+async def answer_cycle(
+    handler: InferHandler, cycle: RequestResponseCycle, model: str, version: str | None
+) -> None:
+    """Answer one infer request on ``cycle`` (see the module docstring)."""
+    # uvicorn's typed ASGI callables are Starlette's plain ones.
+    scope = cast(Scope, cycle.scope)
+    receive = cast(Receive, cycle.receive)
+    try:
+        try:
+            payload, headers = await handler.answer(
+                scope, receive, model, version, watch_disconnect=False
+            )
+        except asyncio.CancelledError:
+            if not cycle.disconnected:
+                raise  # the server is stopping: not the client's doing
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            raise RequestCancelledError(
+                "the client disconnected before its answer was ready"
+            ) from None
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+    except Exception as exc:  # the server must keep serving whatever happened
+        try:
+            await answer_error(exc, "POST", scope["path"])(scope, receive, cast(Send, cycle.send))
+        except Exception:
+            log.exception("could not answer an error on POST %s", scope["path"])
+            cycle.transport.close()
+        return
+    finally:
+        # As uvicorn's run_asgi: the cycle must not call back into the protocol later.
+        on_response = cycle.on_response
+        cycle.on_response = _nothing
+    if cycle.disconnected:
+        return
+    parts = [_STATUS_200]
+    for name, value in (*cycle.default_headers, *headers):
+        parts += (name, b": ", value, b"\r\n")
+    if not cycle.keep_alive:
+        parts.append(b"connection: close\r\n")
+    parts.append(b"\r\n")
+    cycle.response_started = True
+    if len(payload) < _JOIN_BELOW_BYTES:
+        parts.append(payload)
+        cycle.transport.write(b"".join(parts))
+    else:
+        cycle.transport.writelines((b"".join(parts), payload))
+    cycle.response_complete = True
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        cycle.transport.close()
+    on_response()
+
+
+def _nothing() -> None:
+    return None
