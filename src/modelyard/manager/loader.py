@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 
 from modelyard.clock import Clock
-from modelyard.config.model_config import BROWNOUT_KEYS, ModelConfig
+from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import ServerSettings
 from modelyard.errors import (
     DeadlineExceededError,
@@ -30,6 +30,8 @@ from modelyard.manager.events import EventLog
 from modelyard.manager.placement import Placer
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.registry import ModelRegistry
+from modelyard.manager.relocate import relocate
+from modelyard.manager.runtime_options import runtime_options
 from modelyard.manager.states import ModelState, can_transition
 from modelyard.manager.tasks import TaskOwner
 from modelyard.repository.manifest import load_public_key, verify_manifest
@@ -332,7 +334,7 @@ class Loader:
             device=device,
             cores=parsed.cores,
             gpu_memory_limit_bytes=gpu_limit,
-            options=_runtime_options(cfg),
+            options=runtime_options(cfg),
             model_file=record.model_file,
         )
         warmup = (
@@ -426,6 +428,8 @@ class Loader:
                     # this lock); starting another worker would orphan that one.
                     if self._tasks.closing or record.state is not ModelState.LOADING:
                         return
+                    if not self.placer.devices[record.device].is_usable:  # a node was lost
+                        await relocate(record, self.placer, self._admission, self.events)
                     await self._start_instance(record)
                 self.events.add("restarted", record.key, f"after {attempt + 1} attempt(s)")
                 log.info("restarted %s after %d attempt(s)", record.key, attempt + 1)
@@ -434,16 +438,3 @@ class Loader:
                 log.warning("restart %d of %s failed: %s", attempt + 1, record.key, exc)
         self._admission.release(record)
         self.fail(record, f"worker died ({reason}); restarts failed", "restart_failed")
-
-
-def _runtime_options(cfg: ModelConfig) -> dict[str, str]:
-    """The runtime's options: the config's, plus a generative model's ``generation:``
-    settings (n_ctx, n_threads, n_gpu_layers, parallel, n_batch) as strings; brownout's
-    stay in the server, which applies them."""
-    options = dict(cfg.options)
-    if cfg.is_generative:
-        gen = cfg.generation
-        for key, value in gen.model_dump(exclude=BROWNOUT_KEYS).items():
-            if value is not None:
-                options[key] = str(value)
-    return options

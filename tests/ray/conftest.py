@@ -1,0 +1,101 @@
+"""A local Ray cluster for the Ray-mode tests: a head and worker nodes as separate
+processes on 127.0.0.1, each node with its own resources, started once per module.
+
+Never ``ray start``: ``ray.cluster_utils.Cluster`` with loopback addresses only, the
+fast health checks (a lost node is declared dead in about 1.5 s) and lean settings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Read by Ray when it is imported: every Ray process of the test cluster then listens on
+# 127.0.0.1 only (with node_ip_address below), and nothing is reported anywhere.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+
+ray = pytest.importorskip("ray", reason="Ray mode needs the 'ray' extra")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from modelyard.examples.mlp import build_add_onnx  # noqa: E402
+
+_MIB = 1 << 20
+HEALTH_CHECKS = {
+    "health_check_initial_delay_ms": 1000,
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 500,
+    "health_check_failure_threshold": 3,
+}
+NODE_BUDGET_MB = 400
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "ray" in Path(str(item.fspath)).parts:
+            item.add_marker(pytest.mark.integration)
+
+
+def node_args(name: str, budget_mb: float = NODE_BUDGET_MB) -> dict[str, Any]:
+    """A worker node named ``name`` with a CPU budget of ``budget_mb``."""
+    return {
+        "num_cpus": 4,
+        "resources": {f"modelyard.node.{name}": 1, "modelyard.memory_mb": budget_mb},
+        "object_store_memory": 100 * _MIB,
+        "node_ip_address": "127.0.0.1",
+    }
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """Head (no CPUs: it holds no model) plus nodes ``a`` and ``b``; this process is
+    its driver, shared by every server a test starts."""
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "include_dashboard": False,
+            "object_store_memory": 100 * _MIB,
+            "node_ip_address": "127.0.0.1",
+            "_system_config": HEALTH_CHECKS,
+        },
+    )
+    try:
+        c.add_node(**node_args("a"))
+        c.add_node(**node_args("b"))
+        c.wait_for_nodes()
+        ray.init(address=c.address, namespace="modelyard", log_to_driver=False)
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def add_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``add-1`` … ``add-5``: ``output = input + k``, so a wrong route is a wrong answer."""
+    root = tmp_path_factory.mktemp("ray-repo")
+    for k in range(1, 6):
+        build_add_onnx(root / f"add-{k}" / "1" / "model.onnx", float(k))
+    return root
+
+
+def add_model(k: int, **fields: Any) -> dict[str, Any]:
+    """The config of ``add-k``."""
+    return {"name": f"add-{k}", "path": f"add-{k}", "memory_mb": 150, **fields}
+
+
+def add_body(rows: int = 1) -> dict[str, Any]:
+    """A request of ``rows`` rows of ``[0, 1, 2, 3]``."""
+    data = [float(i) for i in range(4)] * rows
+    return {"inputs": [{"name": "input", "datatype": "FP32", "shape": [rows, 4], "data": data}]}
+
+
+def expected(k: int, rows: int = 1) -> list[float]:
+    """What ``add-k`` answers to :func:`add_body`."""
+    return [float(i + k) for i in range(4)] * rows
