@@ -95,8 +95,19 @@ def write_config(
 class Server:
     """One ``modelyard serve`` process; a context manager, so it is always stopped."""
 
-    def __init__(self, config: Path, log_path: Path, *, grpc: bool = False) -> None:
+    def __init__(
+        self,
+        config: Path,
+        log_path: Path,
+        *,
+        grpc: bool = False,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.config = config
+        self.extra_args = list(extra_args)
+        """More ``modelyard serve`` flags (``--ray ADDRESS``)."""
+        self.env = dict(env) if env is not None else None
         self.log_path = log_path
         self.http_port = free_port()
         self.grpc_port = free_port() if grpc else None
@@ -132,9 +143,11 @@ class Server:
         ]
         if self.grpc_port is not None:
             command += ["--grpc-port", str(self.grpc_port)]
+        command += self.extra_args
         self._log = self.log_path.open("wb")
         self._proc = subprocess.Popen(
             command,
+            env=self.env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,25 @@ def node_args(name: str, budget_mb: float = NODE_BUDGET_MB) -> dict[str, Any]:
     }
 
 
+@dataclass
+class LocalCluster:
+    """The test cluster and its worker nodes by name."""
+
+    cluster: Cluster
+    nodes: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, name: str, budget_mb: float = NODE_BUDGET_MB) -> None:
+        """Start node ``name`` (a new process tree) and wait until it has joined."""
+        self.nodes[name] = self.cluster.add_node(**node_args(name, budget_mb))
+        self.cluster.wait_for_nodes()
+
+    def kill(self, name: str) -> None:
+        """Kill node ``name``'s processes at once (no graceful drain)."""
+        self.cluster.remove_node(self.nodes.pop(name), allow_graceful=False)
+
+
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+def cluster() -> Iterator[LocalCluster]:
     """Head (no CPUs: it holds no model) plus nodes ``a`` and ``b``; this process is
     its driver, shared by every server a test starts."""
     c = Cluster(
@@ -65,12 +83,12 @@ def cluster() -> Iterator[Cluster]:
             "_system_config": HEALTH_CHECKS,
         },
     )
+    local = LocalCluster(c)
     try:
-        c.add_node(**node_args("a"))
-        c.add_node(**node_args("b"))
-        c.wait_for_nodes()
+        local.add("a")
+        local.add("b")
         ray.init(address=c.address, namespace="modelyard", log_to_driver=False)
-        yield c
+        yield local
     finally:
         ray.shutdown()
         c.shutdown()
@@ -86,8 +104,8 @@ def add_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def add_model(k: int, **fields: Any) -> dict[str, Any]:
-    """The config of ``add-k``."""
-    return {"name": f"add-{k}", "path": f"add-{k}", "memory_mb": 150, **fields}
+    """The config of ``add-k``: 120 MiB declared, so three fit a 400 MiB node unmeasured."""
+    return {"name": f"add-{k}", "path": f"add-{k}", "memory_mb": 120, **fields}
 
 
 def add_body(rows: int = 1) -> dict[str, Any]:

@@ -15,9 +15,19 @@ from modelyard.manager.events import EventLog
 from modelyard.manager.placement import Placer
 from modelyard.manager.records import ModelRecord
 
-__all__ = ["relocate"]
+__all__ = ["leave_lost_device", "relocate"]
 
 log = logging.getLogger("modelyard.manager")
+
+
+def leave_lost_device(record: ModelRecord, placer: Placer, admission: Admission) -> str:
+    """If ``record`` holds a reservation on a device that is gone, give it back and
+    return ``"DEVICE (why)"`` for the event log; else ``""`` (nothing to leave)."""
+    dev = placer.devices.devices.get(record.device)
+    if dev is None or dev.is_usable:
+        return ""
+    admission.release(record)
+    return f"{dev.name} ({dev.unusable_reason})"
 
 
 async def relocate(

@@ -75,6 +75,8 @@ class RayCluster:
         self._owns_connection = False
         self._nodes: dict[str, ClusterNode] = {}
         self._watchers: dict[str, set[NodeWatcher]] = {}
+        self._lost: set[str] = set()
+        """Nodes lost and not back (a node that returns under its name is removed)."""
         self.ingress_id = f"ingress-{os.getpid()}-{id(self):x}"
         """This server's name in the leases of shared actors."""
 
@@ -108,16 +110,23 @@ class RayCluster:
             if seen is None or (node.alive and not seen.alive):
                 by_name[node.name] = node
         self._nodes = by_name
+        self._lost -= {name for name, node in by_name.items() if node.alive}
         return list(by_name.values())
 
     def node_id_for(self, device: str) -> str | None:
         """The live node id of device ``NODE/…`` (None: unknown or dead)."""
-        node = self._nodes.get(device_node(device))
-        return node.node_id if node is not None and node.alive else None
+        name = device_node(device)
+        node = self._nodes.get(name)
+        alive = node is not None and node.alive and name not in self._lost
+        return node.node_id if node is not None and alive else None
 
     def watch(self, device: str, instance: NodeWatcher) -> None:
-        """Tell ``instance`` when the node of ``device`` is lost."""
-        self._watchers.setdefault(device_node(device), set()).add(instance)
+        """Tell ``instance`` when the node of ``device`` is lost (at once if it is)."""
+        node = device_node(device)
+        if node in self._lost:
+            instance.node_lost(f"node {node} was lost")
+            return
+        self._watchers.setdefault(node, set()).add(instance)
 
     def unwatch(self, device: str, instance: NodeWatcher) -> None:
         """Stop telling ``instance`` (it stopped)."""
@@ -126,6 +135,7 @@ class RayCluster:
     def fail_node(self, node: str, reason: str) -> int:
         """Every instance on ``node`` fails its calls and reports itself dead; returns
         how many there were."""
+        self._lost.add(node)
         watchers = self._watchers.pop(node, set())
         for instance in list(watchers):
             instance.node_lost(reason)

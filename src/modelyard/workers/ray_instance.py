@@ -21,9 +21,9 @@ another node if its own is gone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,21 @@ __all__ = ["RayInstance"]
 log = logging.getLogger("modelyard.ray")
 
 _RemoteActor: Any = ray.remote(ModelActor)
+_BACKGROUND = ThreadPoolExecutor(max_workers=2, thread_name_prefix="modelyard-ray")
+"""Runs Ray's blocking control calls (cancel, kill) off the event loop."""
+
+
+def _quietly(fn: Any, *args: Any, **kwargs: Any) -> None:
+    try:
+        fn(*args, **kwargs)
+    except Exception:
+        log.debug("Ray call %s failed", getattr(fn, "__name__", fn), exc_info=True)
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned call's outcome (no 'exception never retrieved')."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 class RayInstance:
@@ -177,6 +192,7 @@ class RayInstance:
                 {result, lost}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
             )
         except asyncio.CancelledError:
+            result.add_done_callback(_consume)
             self._cancel(ref)
             raise
         if result in done:
@@ -189,18 +205,19 @@ class RayInstance:
                 raise WorkerCrashedError(
                     f"model {self._name!r}: Ray call failed: {type(exc).__name__}: {exc}"
                 ) from None
-        self._cancel(ref)
-        result.cancel()
+        result.add_done_callback(_consume)
         if lost in done:
-            raise self._crashed()
+            raise self._crashed()  # nothing to cancel: the actor's node is gone
+        self._cancel(ref)
         raise DeadlineExceededError(
             f"model {self._name!r} ran past its deadline ({timeout_s or 0:.3f}s) on {self._device}"
         )
 
     @staticmethod
     def _cancel(ref: Any) -> None:
-        with contextlib.suppress(Exception):
-            ray.cancel(ref)
+        # ray.cancel and ray.kill are RPCs that can block for tens of seconds when the
+        # actor's node is going: never on the event loop.
+        _BACKGROUND.submit(_quietly, ray.cancel, ref)
 
     # ---------------------------------------------------------------------- faults
 
@@ -244,8 +261,7 @@ class RayInstance:
                 left = 0
             if left:
                 return
-        with contextlib.suppress(Exception):
-            ray.kill(actor, no_restart=True)
+        _BACKGROUND.submit(_quietly, ray.kill, actor, no_restart=True)
 
 
 async def _bounded(ref: Any, timeout_s: float) -> Any:
