@@ -91,7 +91,7 @@ def cluster() -> Iterator[LocalCluster]:
         yield local
     finally:
         ray.shutdown()
-        c.shutdown()
+        c.shutdown()  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture(scope="module")
