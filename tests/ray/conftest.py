@@ -96,10 +96,14 @@ def cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="module")
 def add_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``add-1`` … ``add-5``: ``output = input + k``, so a wrong route is a wrong answer."""
+    """``add-1`` … ``add-5``: ``output = input + k``, so a wrong route is a wrong answer;
+    ``faulty``: the fault model of tests/fakes (raises, hangs or echoes as asked)."""
     root = tmp_path_factory.mktemp("ray-repo")
     for k in range(1, 6):
         build_add_onnx(root / f"add-{k}" / "1" / "model.onnx", float(k))
+    fakes = Path(__file__).resolve().parents[1] / "fakes" / "fault_models.py"
+    (root / "faulty" / "1").mkdir(parents=True)
+    (root / "faulty" / "1" / "faulty_model.py").write_text(fakes.read_text(encoding="utf-8"))
     return root
 
 

@@ -186,7 +186,9 @@ async def test_node_killed_under_load(cluster: LocalCluster, add_root: Path) -> 
 
 async def test_a_node_that_joins_adds_its_budget(cluster: LocalCluster, add_root: Path) -> None:
     # add-5 declares more than node a has free once add-1 is there.
-    models = [add_model(1, preload=True), add_model(5, memory_mb=380)]
+    faulty = {"name": "faulty", "path": "faulty", "runtime": "python", "memory_mb": 10}
+    faulty["class"] = "faulty_model:FaultyModel"
+    models = [add_model(1, preload=True), add_model(5, memory_mb=380), faulty]
     config = write_config(add_root, models)
     async with ray_server(config) as (app, client):
         assert "c/cpu" not in app.manager.devices.devices
@@ -210,3 +212,25 @@ async def test_a_node_that_joins_adds_its_budget(cluster: LocalCluster, add_root
         kinds = [(e.kind, e.model) for e in app.manager.events.recent(200)]
         assert ("node_joined", "(cluster)") in kinds
         check_budgets(app)
+        await _deadlines_and_model_errors(client, app)
+
+
+def _x(value: float) -> dict[str, Any]:
+    return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [value]}]}
+
+
+async def _deadlines_and_model_errors(client: httpx.AsyncClient, app: RayApp) -> None:
+    """A model error comes back typed; an actor that overruns its deadline is a 504,
+    is killed and restarted, and the model serves again."""
+    r = await client.post("/v2/models/faulty/infer", json=_x(3.0))  # raises in the model
+    assert r.status_code == 500, r.text
+    assert "failing on demand" in r.json()["error"]
+    hang = await client.post(
+        "/v2/models/faulty/infer", json=_x(2.0), headers={"X-Modelyard-Timeout-Ms": "1500"}
+    )
+    assert hang.status_code == 504, hang.text
+    r = await client.post("/v2/models/faulty/infer", json=_x(7.0))
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"] == [7.0]
+    crashed = [e.message for e in app.manager.events.recent(200) if e.kind == "crashed"]
+    assert any("overrunning its deadline" in m for m in crashed), crashed

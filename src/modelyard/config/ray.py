@@ -39,7 +39,7 @@ class RayConfig(BaseModel):
     budget_share: float = Field(default=1.0, gt=0, le=1)
     """The share of each node's budget this ingress may spend: ``1/N`` when N ingresses
     share one cluster (docs/ray.md, "Several ingresses")."""
-    inline_max_bytes: int = Field(default=256 * 1024, ge=0)
+    inline_max_bytes: int = Field(default=64 * 1024, ge=0)
     """Inputs up to this size travel inside the call; larger ones are put in Ray's
     object store first (BENCHMARKS.md, section 19)."""
     poll_interval_s: float = Field(default=0.5, gt=0)

@@ -9,7 +9,9 @@ budget's back.
 The data path: inputs up to ``ray.inline_max_bytes`` travel inside the call; larger
 ones are put in the object store first (one copy into shared memory on this node, read
 zero-copy by an actor on the same node). A call's deadline bounds the wait; on expiry
-the call is cancelled (``ray.cancel``: a queued call never runs). Priorities are the
+the call is cancelled (``ray.cancel``: a queued call never runs) and, as a worker
+process would be, the actor is killed (a running call cannot be interrupted) and the
+model restarted. Priorities are the
 scheduler's: it decides the order calls reach the actor, which runs them in order.
 
 Faults: the node lost (``node_lost``, from the cluster watcher) or the actor dead
@@ -176,7 +178,14 @@ class RayInstance:
         payload: Any = inputs
         if sum(a.nbytes for a in inputs.values()) > self._config.inline_max_bytes:
             payload = ray.put(inputs)
-        outputs, error = await self._call(self._actor.infer.remote(payload), timeout_s)
+        try:
+            outputs, error = await self._call(self._actor.infer.remote(payload), timeout_s)
+        except DeadlineExceededError:
+            # As with a worker process: an overrunning actor is killed (a Ray call that
+            # runs cannot be interrupted, and every later call would queue behind it).
+            self._died("killed after overrunning its deadline")
+            _BACKGROUND.submit(_quietly, ray.kill, self._actor, no_restart=True)
+            raise
         if error is not None:
             raise rebuild_error(error)
         assert isinstance(outputs, dict)
