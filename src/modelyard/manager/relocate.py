@@ -24,8 +24,9 @@ def leave_lost_device(record: ModelRecord, placer: Placer, admission: Admission)
     """If ``record`` holds a reservation on a device that is gone, give it back and
     return ``"DEVICE (why)"`` for the event log; else ``""`` (nothing to leave)."""
     dev = placer.devices.devices.get(record.device)
-    if dev is None or dev.is_usable:
-        return ""
+    account = admission.budget.devices.get(record.device)
+    if dev is None or dev.is_usable or account is None or record.key not in account.reservations:
+        return ""  # usable, or nothing held there (a device that never worked, say)
     admission.release(record)
     return f"{dev.name} ({dev.unusable_reason})"
 
