@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from modelyard.config.settings import ConfigError, load_settings
+from modelyard.config.settings import ConfigError, ServerSettings, load_settings
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -30,10 +30,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"modelyard: {exc}", file=sys.stderr)
         return 2
     if args.ray:
-        from modelyard.config.ray import RayConfig
-
-        ray = (settings.ray or RayConfig()).model_copy(update={"address": args.ray})
-        settings = settings.model_copy(update={"ray": ray})
+        settings = with_ray(settings, args.ray)
     setup_logging(settings.log_level, settings.log_format)
     try:
         import uvloop
@@ -51,6 +48,15 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"modelyard: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def with_ray(settings: ServerSettings, address: str) -> ServerSettings:
+    """``settings`` in Ray mode at ``address`` (``--ray``), keeping the YAML's other
+    ``ray:`` keys."""
+    from modelyard.config.ray import RayConfig
+
+    ray = (settings.ray or RayConfig()).model_copy(update={"address": address})
+    return settings.model_copy(update={"ray": ray})
 
 
 def _example(args: argparse.Namespace) -> int:
