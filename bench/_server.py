@@ -102,9 +102,14 @@ class Server:
         *,
         grpc: bool = False,
         command: Sequence[str] | None = None,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config
         self.command = list(command) if command is not None else modelyard_command()
+        self.extra_args = list(extra_args)
+        """More ``modelyard serve`` flags (``--ray ADDRESS``)."""
+        self.env = dict(env) if env is not None else None
         self.log_path = log_path
         self.http_port = free_port()
         self.grpc_port = free_port() if grpc else None
@@ -140,9 +145,11 @@ class Server:
         ]
         if self.grpc_port is not None:
             command += ["--grpc-port", str(self.grpc_port)]
+        command += self.extra_args
         self._log = self.log_path.open("wb")
         self._proc = subprocess.Popen(
             command,
+            env=self.env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

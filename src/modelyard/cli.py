@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from modelyard.config.settings import ConfigError, load_settings
+from modelyard.config.settings import ConfigError, ServerSettings, load_settings
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from modelyard.app import App
     from modelyard.observability.logging import setup_logging
 
     try:
@@ -30,6 +29,8 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"modelyard: {exc}", file=sys.stderr)
         return 2
+    if args.ray:
+        settings = with_ray(settings, args.ray)
     setup_logging(settings.log_level, settings.log_format)
     try:
         import uvloop
@@ -40,11 +41,22 @@ def _serve(args: argparse.Namespace) -> int:
     from modelyard.app import StartupError
 
     try:
-        asyncio.run(App(settings).run_forever())
+        from modelyard.ray_app import make_app
+
+        asyncio.run(make_app(settings).run_forever())
     except StartupError as exc:
         print(f"modelyard: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def with_ray(settings: ServerSettings, address: str) -> ServerSettings:
+    """``settings`` in Ray mode at ``address`` (``--ray``), keeping the YAML's other
+    ``ray:`` keys."""
+    from modelyard.config.ray import RayConfig
+
+    ray = (settings.ray or RayConfig()).model_copy(update={"address": address})
+    return settings.model_copy(update={"ray": ray})
 
 
 def _example(args: argparse.Namespace) -> int:
@@ -247,6 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=int, help="REST port (default 8080)")
     serve.add_argument(
         "--grpc-port", type=_port_or_off, help="gRPC port (default 8081; off disables gRPC)"
+    )
+    serve.add_argument(
+        "--ray",
+        metavar="auto|ADDRESS",
+        help="run model workers as actors on a Ray cluster (docs/ray.md; the 'ray' extra)",
     )
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", choices=["text", "json"])

@@ -26,3 +26,26 @@ def test_the_server_and_cli_import_without_aiohttp() -> None:
     verbs = done.stdout
     assert "'serve'" in verbs
     assert "'bench'" not in verbs, "bench is offered only when its extra is installed"
+
+
+_WITHOUT_RAY = """
+import asyncio, sys
+sys.modules["ray"] = None  # any import of it now raises ImportError
+import modelyard.app, modelyard.cli
+from modelyard.config.settings import ServerSettings
+from modelyard.ray_app import StartupError, make_app
+app = make_app(ServerSettings(ray={"address": "auto"}, http_port=0))
+try:
+    asyncio.run(app.start())
+except StartupError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter importing the whole server: seconds
+def test_the_server_imports_without_ray_and_ray_mode_names_the_extra() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_RAY], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "needs the 'ray' extra" in done.stdout

@@ -29,6 +29,7 @@ from pydantic_settings.exceptions import SettingsError
 from modelyard.config.devices import DeviceConfig, check_core_sets
 from modelyard.config.limits import LimitsConfig
 from modelyard.config.model_config import ModelConfig
+from modelyard.config.ray import RayConfig
 from modelyard.config.remote_load import RemoteLoadConfig
 from modelyard.config.security import SecurityConfig
 from modelyard.config.units import MIB, from_old_names
@@ -146,6 +147,9 @@ class ServerSettings(BaseSettings):
     devices: list[DeviceConfig] = Field(default_factory=lambda: [DeviceConfig(name="cpu")])
     """Devices and their byte budgets: ``cpu``, CPU core sets (``cpu:0-1``) and
     ``cuda:N``; see README, "Devices and replicas"."""
+    ray: RayConfig | None = None
+    """Run model workers as Ray actors on a Ray cluster (``serve --ray``); the nodes'
+    devices replace ``devices:``. See docs/ray.md."""
     models: list[ModelConfig] = Field(default_factory=list)
     """The models this server knows."""
     exit_on_error: bool = True

@@ -93,7 +93,9 @@ class Admission:
         for r in self.records():
             if r.key in hot:
                 sizes[r.key] = r.reserved_bytes or r.measured_bytes or 0
-                budgets.append(self.budget.device(r.device).budget_bytes)
+                # Not yet placed on a cluster, a record names no device of the budget.
+                if (dev := self.budget.devices.get(r.device)) is not None:
+                    budgets.append(dev.budget_bytes)
         return cap_hot(hot, sizes, int(min(budgets, default=0) * HOT_BUDGET_SHARE))
 
     def records(self) -> Iterable[ModelRecord]:

@@ -70,6 +70,15 @@ class MemoryBudget:
     def __init__(self, budgets: dict[str, int]) -> None:
         self.devices = {name: DeviceBudget(name, nbytes) for name, nbytes in budgets.items()}
 
+    def set_budget(self, device: str, nbytes: int) -> None:
+        """Add ``device`` with ``nbytes``, or change its budget (a node joined or came
+        back); reservations already held stay."""
+        dev = self.devices.get(device)
+        if dev is None:
+            self.devices[device] = DeviceBudget(device, nbytes)
+        else:
+            dev.budget_bytes = nbytes
+
     def device(self, name: str) -> DeviceBudget:
         """The budget of ``name``; KeyError for unknown devices."""
         return self.devices[name]

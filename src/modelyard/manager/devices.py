@@ -133,9 +133,28 @@ class DeviceTable:
         return {name: d.budget_bytes for name, d in self.devices.items()}
 
     def allowed(self, config: ModelConfig) -> list[str]:
-        """The devices ``config`` may use, in its order of preference (``auto``: all)."""
+        """The devices ``config`` may use, in its order of preference (``auto``: all).
+
+        On a Ray cluster devices are ``NODE/cpu``, ``NODE/cuda:N``: a model's ``cpu``
+        means that device of every node."""
         names = config.allowed_devices
-        return list(self.devices) if names is None else [n for n in names if n in self.devices]
+        if names is None:
+            return list(self.devices)
+        out: list[str] = []
+        for n in names:
+            if n in self.devices:
+                out.append(n)
+            else:
+                out.extend(d for d in self.devices if d.endswith("/" + n))
+        return out
+
+    def put(self, device: Device) -> None:
+        """Add a device, or replace one (a cluster node joined, left or came back)."""
+        self.devices[device.name] = device
+
+    def clear(self) -> None:
+        """Forget every device (Ray mode: the cluster's nodes replace the host's)."""
+        self.devices.clear()
 
     def process_device_bytes(self, name: str, pid: int) -> int | None:
         """Device memory the process ``pid`` holds on GPU ``name`` (None: not a GPU, or

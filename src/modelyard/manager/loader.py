@@ -30,6 +30,7 @@ from modelyard.manager.events import EventLog
 from modelyard.manager.placement import Placer
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.registry import ModelRegistry
+from modelyard.manager.relocate import leave_lost_device, relocate
 from modelyard.manager.states import ModelState, can_transition
 from modelyard.manager.tasks import TaskOwner
 from modelyard.repository.manifest import load_public_key, verify_manifest
@@ -206,6 +207,7 @@ class Loader:
             if not verified and record.stats.loads == 0:
                 self._say_unverified(record)
             need = self._admission.estimate_bytes(record)
+            gone = leave_lost_device(record, self.placer, self._admission)
             try:
                 placement = self.placer.place(record, need, may_evict=not prefetch)
             except ModelLoadError as exc:
@@ -222,7 +224,9 @@ class Loader:
                 self.events.add("load_refused", record.key, str(exc))
                 raise
             record.device = placement.device
-            if placement.had_choice:  # one allowed device: nothing was decided
+            if gone:  # a cluster node was lost
+                self.events.add("moved", record.key, f"from {gone} to {placement.reason}")
+            elif placement.had_choice:  # one allowed device: nothing was decided
                 self.events.add("placed", record.key, placement.reason)
                 log.info("placing %s: %s", record.key, placement.reason)
             try:
@@ -427,6 +431,8 @@ class Loader:
                     # this lock); starting another worker would orphan that one.
                     if self._tasks.closing or record.state is not ModelState.LOADING:
                         return
+                    if not self.placer.devices[record.device].is_usable:  # a node was lost
+                        await relocate(record, self.placer, self._admission, self.events)
                     await self._start_instance(record)
                 self.events.add("restarted", record.key, f"after {attempt + 1} attempt(s)")
                 log.info("restarted %s after %d attempt(s)", record.key, attempt + 1)

@@ -2,9 +2,10 @@
 
 When a call's headers arrive its method, content type and token are checked; when the
 client half-closes the stream, its one message is decoded (inflated first when gzip or
-deflate, never past the message limit) and its handler runs as a task. The reply (headers, one message, trailers) usually goes out in one write. A reset
-stream or a lost connection cancels its handler; a deadline (``grpc-timeout``) ends it
-with DEADLINE_EXCEEDED.
+deflate, never past the message limit) and its handler runs as a task. The reply
+(headers, one message, trailers) usually goes out in one write. A reset stream or a
+lost connection cancels its handler; a deadline (``grpc-timeout``) ends it with
+DEADLINE_EXCEEDED.
 """
 
 from __future__ import annotations
