@@ -26,6 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
             log_format=args.log_format,
             model_control_mode=args.model_control_mode,
             exit_on_error=args.exit_on_error,
+            ingress_processes=args.ingress,
         )
     except ConfigError as exc:
         print(f"modelyard: {exc}", file=sys.stderr)
@@ -247,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=int, help="REST port (default 8080)")
     serve.add_argument(
         "--grpc-port", type=_port_or_off, help="gRPC port (default 8081; off disables gRPC)"
+    )
+    serve.add_argument(
+        "--ingress", type=int, metavar="N", help="HTTP ingress processes (default 1: in-process)"
     )
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", choices=["text", "json"])
