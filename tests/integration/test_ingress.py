@@ -25,7 +25,8 @@ import pytest_asyncio
 
 from modelyard.app import App
 from tests.integration.conftest import python_model
-from tests.servers import running_server, write_config
+from tests.security._pki import client_context, make_pki
+from tests.servers import running_server, started_app, write_config
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
@@ -196,3 +197,30 @@ async def test_a_killed_ingress_is_replaced(served: tuple[App, httpx.AsyncClient
     assert seen == after
     metrics = (await client.get("/metrics")).text
     assert "modelyard_ingress_restarts_total 1.0" in metrics
+
+
+async def test_mutual_tls_through_ingress_processes(model_root: Path, tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    security = {
+        "tls_certfile": "cert.pem",
+        "tls_keyfile": "key.pem",
+        "tls_client_ca_file": str(pki.ca_file),
+    }
+    models = [{"name": "add", "path": "add", "preload": True, "isolation": "inline"}]
+    cfg = write_config(
+        tmp_path, models, model_repository=str(model_root), security=security, ingress_processes=2
+    )
+    async with started_app(cfg) as app:
+        url = f"https://127.0.0.1:{app.http_port}"
+        async with httpx.AsyncClient(
+            base_url=url, verify=client_context(pki, with_cert=False), timeout=10
+        ) as anonymous:
+            with pytest.raises(httpx.TransportError):
+                await anonymous.get("/v2/health/ready")
+        async with httpx.AsyncClient(
+            base_url=url, verify=client_context(pki, with_cert=True), timeout=10
+        ) as client:
+            r = await client.post("/v2/models/add/infer", json=INFER_BODY)
+            assert r.status_code == 200, r.text
+            assert r.json()["outputs"][0]["data"] == ADDED
+            assert INGRESS_HEADER in r.headers
