@@ -82,7 +82,7 @@ class ForwardingApp:
         queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
         self._streams[stream] = queue
         write = self.protocol.write
-        write(frame(stream, REQUEST, encode_scope(scope, self.pid)))
+        request = frame(stream, REQUEST, encode_scope(scope, self.pid))
         loop = asyncio.get_running_loop()
         watchers: list[asyncio.Task[None]] = []
         timer: asyncio.TimerHandle | None = None
@@ -94,9 +94,11 @@ class ForwardingApp:
         if message["type"] == "http.request" and message.get("more_body", False):
             # A body in several pieces: relayed as it arrives, while the manager may
             # already answer (413 on a body over the limit).
+            write(request)
             watchers.append(loop.create_task(self._pump(stream, receive, message)))
         else:
-            self._relay(stream, message)
+            # Head and whole body in one write: one read for the manager.
+            write(request + self._frame_of(stream, message))
             # The manager's app may watch for the client leaving: relayed only for
             # requests that take a while, so quick ones cost no extra task.
             timer = loop.call_later(_WATCH_AFTER_S, watch)
@@ -133,12 +135,15 @@ class ForwardingApp:
                 task.cancel()
             del self._streams[stream]
 
-    def _relay(self, stream: int, message: Message) -> None:
+    @staticmethod
+    def _frame_of(stream: int, message: Message) -> bytes:
         if message["type"] == "http.request":
             more = bool(message.get("more_body", False))
-            self.protocol.write(body_frame(stream, BODY, message.get("body", b""), more))
-        elif message["type"] == "http.disconnect":
-            self.protocol.write(frame(stream, DISCONNECT))
+            return body_frame(stream, BODY, message.get("body", b""), more)
+        return frame(stream, DISCONNECT)
+
+    def _relay(self, stream: int, message: Message) -> None:
+        self.protocol.write(self._frame_of(stream, message))
 
     async def _pump(self, stream: int, receive: Receive, first: Message | None = None) -> None:
         message = first if first is not None else await receive()

@@ -90,17 +90,22 @@ class TunnelEnd:
     ) -> None:
         write = self.protocol.write
         state = {"started": False, "done": False}
+        # The head waits for the first body chunk, so most answers are one write.
+        head: list[bytes] = []
 
         async def send(message: Message) -> None:
             kind = message["type"]
             if kind == "http.response.start":
                 state["started"] = True
-                head = encode_start(message["status"], list(message.get("headers", ())))
-                write(frame(stream, START, head))
+                start = encode_start(message["status"], list(message.get("headers", ())))
+                head.append(frame(stream, START, start))
             elif kind == "http.response.body":
                 more = bool(message.get("more_body", False))
                 state["done"] = not more
-                write(body_frame(stream, RESPONSE_BODY, bytes(message.get("body", b"")), more))
+                chunk = body_frame(stream, RESPONSE_BODY, bytes(message.get("body", b"")), more)
+                if head:
+                    chunk = head.pop() + chunk
+                write(chunk)
 
         try:
             await self.app(scope, queue.get, send)
@@ -112,7 +117,7 @@ class TunnelEnd:
         finally:
             self._streams.pop(stream, None)
             if not state["done"]:
-                write(frame(stream, ABORT))
+                write(b"".join(head) + frame(stream, ABORT))
 
     async def close(self) -> None:
         """Cancel what is still running and close the channel."""
