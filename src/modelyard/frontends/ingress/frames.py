@@ -105,6 +105,7 @@ class FrameProtocol(asyncio.Protocol):
         self._on_frame = on_frame
         self._on_lost = on_lost
         self._buffer = bytearray()
+        self._pending: list[bytes] = []
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -135,9 +136,26 @@ class FrameProtocol(asyncio.Protocol):
         self._on_lost()
 
     def write(self, data: bytes) -> bool:
-        """Send bytes; False when the channel has closed (the bytes are dropped)."""
+        """Send bytes at the end of this loop iteration; False when the channel has
+        closed (the bytes are dropped).
+
+        Frames written in one iteration leave in one system call: under load many
+        requests finish per iteration, and a send per frame was the tunnel's largest
+        cost in profiles.
+        """
         transport = self.transport
         if transport is None or transport.is_closing():
             return False
-        transport.write(data)
+        pending = self._pending
+        if not pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        pending.append(data)
         return True
+
+    def _flush(self) -> None:
+        pending = self._pending
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        pending.clear()
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
