@@ -5,6 +5,9 @@ Run from the repository root::
     .venv/bin/python bench/bench_ingress.py            # 3 repeats of 5 s per cell
     .venv/bin/python bench/bench_ingress.py --quick    # 1 repeat of 3 s per cell
 
+A phase at concurrency 1 (3 s) comes first in each cell: its median shows what the
+extra hop through an ingress adds to one request's latency.
+
 One identity ONNX model (FP32 ``[1, 4]``, ``isolation: process``, built at run time) is
 served by a ``modelyard serve`` subprocess started under a CPU affinity mask (what
 ``taskset -c 0`` or ``taskset -c 0,1`` sets; the worker and ingress processes inherit
@@ -81,14 +84,19 @@ def server_cell(
         _server.Server(cfg, root / f"server-{ingress}.log") as server,
         pinned({client_core}),
     ):
-        config = BenchConfig(
+        # One request at a time first: the latency the extra hop adds.
+        single = BenchConfig(
             url=server.url,
             models=("identity",),
-            concurrency=(CONCURRENCY,),
-            duration_s=duration_s,
-            warmup_s=1.0,
+            concurrency=(1,),
+            duration_s=min(duration_s, 3.0),
+            warmup_s=0.5,
             engine="wrk",
             payload_files={"identity": payload},
+        )
+        one = asyncio.run(run_bench(single))[0]
+        config = single.model_copy(
+            update={"concurrency": (CONCURRENCY,), "duration_s": duration_s, "warmup_s": 1.0}
         )
         cpu0, own0 = _server.tree_cpu_s(server.pid), own_cpu_s(server.pid)
         t0 = time.perf_counter()
@@ -98,6 +106,7 @@ def server_cell(
         span_s = time.perf_counter() - t0
     sent = r.qps * span_s
     return {
+        "c1_p50_ms": one.p50_ms,
         "qps": r.qps,
         "p50_ms": r.p50_ms,
         "p99_ms": r.p99_ms,
@@ -134,6 +143,7 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
     out: dict[str, dict[str, Any]] = {}
     for key, reps in runs.items():
         out[key] = {
+            "c1_p50_ms": statistics.median(r["c1_p50_ms"] for r in reps),
             "qps": statistics.median(r["qps"] for r in reps),
             "p50_ms": statistics.median(r["p50_ms"] for r in reps),
             "p99_ms": statistics.median(r["p99_ms"] for r in reps),
@@ -164,6 +174,7 @@ def report(summary: dict[str, dict[str, Any]]) -> str:
         "manager process CPU / request (µs)",
         "server cores busy",
         "errors",
+        "c=1 p50 (ms)",
     ]
     rows = [
         [
@@ -176,6 +187,7 @@ def report(summary: dict[str, dict[str, Any]]) -> str:
             f"{s['manager_cpu_us_per_request']:.0f}",
             f"{s['server_cores_busy']:.2f}",
             s["errors"],
+            f"{s['c1_p50_ms']:.3f}",
         ]
         for key, s in summary.items()
     ]

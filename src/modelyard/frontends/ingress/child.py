@@ -25,7 +25,7 @@ from starlette.types import Message, Receive, Scope, Send
 from modelyard.config.limits import LimitsConfig
 from modelyard.errors import ModelNotReadyError
 from modelyard.frontends.http.errors import answer_error
-from modelyard.frontends.http.server_config import uvicorn_config
+from modelyard.frontends.http.server_config import ensure_descriptor_room, uvicorn_config
 from modelyard.frontends.ingress.frames import (
     BODY,
     DISCONNECT,
@@ -162,6 +162,8 @@ async def serve(listen_fd: int, channel_fd: int, options: dict[str, Any]) -> Non
     await loop.connect_accepted_socket(lambda: app.protocol, sock=channel)
     listener = socket.socket(fileno=listen_fd)
     limits = LimitsConfig.model_validate(options["limits"])
+    # The connection cap holds per process: each ingress needs the descriptors for it.
+    ensure_descriptor_room(limits.max_connections)
     config = uvicorn_config(app, options["host"], 0, limits, options["tls"])
     server = uvicorn.Server(config)
     task = loop.create_task(server.serve(sockets=[listener]))
