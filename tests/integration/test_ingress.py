@@ -15,6 +15,7 @@ import asyncio
 import os
 import secrets
 import signal
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,7 +24,8 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from modelyard.app import App
+from modelyard.app import App, StartupError
+from modelyard.config.settings import load_settings
 from tests.integration.conftest import python_model
 from tests.security._pki import client_context, make_pki
 from tests.servers import running_server, started_app, write_config
@@ -224,3 +226,20 @@ async def test_mutual_tls_through_ingress_processes(model_root: Path, tmp_path: 
             assert r.status_code == 200, r.text
             assert r.json()["outputs"][0]["data"] == ADDED
             assert INGRESS_HEADER in r.headers
+
+
+async def test_a_port_in_use_stops_the_start(model_root: Path, tmp_path: Path) -> None:
+    models = [{"name": "add", "path": "add", "isolation": "inline"}]
+    cfg = write_config(tmp_path, models, model_repository=str(model_root), ingress_processes=2)
+    for reuse_port in (False, True):
+        # Another server on the port, with or without SO_REUSEPORT: never shared.
+        with socket.socket() as other:
+            if reuse_port:
+                other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            other.bind(("127.0.0.1", 0))
+            other.listen()
+            port = other.getsockname()[1]
+            app = App(load_settings(cfg, host="127.0.0.1", http_port=port, grpc_port=0))
+            with pytest.raises(StartupError, match="cannot serve HTTP"):
+                await app.start()
+            assert not ingress_pids(app)

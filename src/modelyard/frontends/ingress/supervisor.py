@@ -43,6 +43,13 @@ def _listening_sockets(host: str, port: int, count: int, backlog: int) -> list[s
     """``count`` listening sockets sharing one port (the first picks it when 0)."""
     info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, _, _, _, address = info[0]
+    # SO_REUSEPORT would let these sockets join another server's on the same port (same
+    # user) and silently take half its connections: a plain bind first proves the port
+    # free (and picks it when 0).
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(address)
+        address = (address[0], probe.getsockname()[1], *address[2:])
     sockets: list[socket.socket] = []
     try:
         for _ in range(count):
