@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import signal
 import socket
 from collections.abc import AsyncIterator
@@ -28,12 +27,19 @@ from modelyard.app import App, StartupError
 from modelyard.config.settings import load_settings
 from tests.integration.conftest import python_model
 from tests.security._pki import client_context, make_pki
+from tests.security.test_auth import (
+    DATA,
+    MANAGEMENT,
+    REST_CALLS,
+    WRONG,
+    _assert_refused,
+    _good_infer,
+    _rest,
+)
 from tests.servers import running_server, started_app, write_config
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
-MANAGEMENT = "mgmt-" + secrets.token_urlsafe(24)
-DATA = "data-" + secrets.token_urlsafe(24)
 INFER_BODY = {
     "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [0, 1, 2, 3]}]
 }
@@ -61,15 +67,15 @@ async def served(
         model_repository=str(model_root),
         ingress_processes=2,
         max_request_mb=MAX_REQUEST_BYTES / (1024 * 1024),
-        security={"management_token": MANAGEMENT, "data_token": DATA},
+        security={"management_token": MANAGEMENT, "data_token": DATA, "protect_metrics": True},
     )
     async with running_server(cfg) as (app, client):
         client.headers.update(bearer(MANAGEMENT))
         yield app, client
 
 
-def ingress_pids(app: App) -> set[int]:
-    """The server's ingress processes: its children running the ingress module."""
+def ingress_pids() -> set[int]:
+    """The ingress processes of this test process's servers."""
     found = set()
     for child in psutil.Process().children(recursive=True):
         try:
@@ -89,7 +95,7 @@ async def fresh_infer(app: App) -> httpx.Response:
 
 async def test_both_ingress_processes_serve_infer(served: tuple[App, httpx.AsyncClient]) -> None:
     app, client = served
-    pids = ingress_pids(app)
+    pids = ingress_pids()
     assert len(pids) == 2
     assert os.getpid() not in pids
     seen = set()
@@ -155,6 +161,30 @@ async def test_tokens_are_checked_through_an_ingress(
     assert (await fresh_infer(app)).status_code == 200
 
 
+async def test_every_route_checks_its_token_through_an_ingress(
+    served: tuple[App, httpx.AsyncClient],
+) -> None:
+    """The security suite's REST route table, each route through the ingress processes."""
+    app, _ = served
+    url = f"http://127.0.0.1:{app.http_port}"
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        for name, call in REST_CALLS.items():
+            if call.plane == "open":
+                for token in (None, WRONG):
+                    r = await _rest(client, call, token)
+                    assert r.status_code == 200, (name, token, r.text)
+                continue
+            _assert_refused(await _rest(client, call, None), 401)
+            _assert_refused(await _rest(client, call, WRONG), 403)
+            granted = [MANAGEMENT] if call.plane == "management" else [DATA, MANAGEMENT]
+            for token in granted:
+                r = await _rest(client, call, token)
+                assert r.status_code == 200, (name, token[:4], r.text)
+            if call.plane == "management":
+                _assert_refused(await _rest(client, call, DATA), 403)
+            await _good_infer(client)
+
+
 async def test_one_model_table_behind_every_ingress(
     served: tuple[App, httpx.AsyncClient],
 ) -> None:
@@ -177,7 +207,7 @@ async def test_one_model_table_behind_every_ingress(
 
 async def test_a_killed_ingress_is_replaced(served: tuple[App, httpx.AsyncClient]) -> None:
     app, client = served
-    before = ingress_pids(app)
+    before = ingress_pids()
     victim = min(before)
     os.kill(victim, signal.SIGKILL)
     # Requests keep being answered, those sent to the victim's socket while its
@@ -185,7 +215,7 @@ async def test_a_killed_ingress_is_replaced(served: tuple[App, httpx.AsyncClient
     answers = await asyncio.gather(*(fresh_infer(app) for _ in range(12)))
     assert [r.status_code for r in answers] == [200] * 12
     for _ in range(600):
-        after = ingress_pids(app)
+        after = ingress_pids()
         if len(after) == 2 and victim not in after:
             break
         await asyncio.sleep(0.05)
@@ -231,6 +261,7 @@ async def test_mutual_tls_through_ingress_processes(model_root: Path, tmp_path: 
 async def test_a_port_in_use_stops_the_start(model_root: Path, tmp_path: Path) -> None:
     models = [{"name": "add", "path": "add", "isolation": "inline"}]
     cfg = write_config(tmp_path, models, model_repository=str(model_root), ingress_processes=2)
+    before = ingress_pids()  # another test's server may be running
     for reuse_port in (False, True):
         # Another server on the port, with or without SO_REUSEPORT: never shared.
         with socket.socket() as other:
@@ -242,4 +273,4 @@ async def test_a_port_in_use_stops_the_start(model_root: Path, tmp_path: Path) -
             app = App(load_settings(cfg, host="127.0.0.1", http_port=port, grpc_port=0))
             with pytest.raises(StartupError, match="cannot serve HTTP"):
                 await app.start()
-            assert not ingress_pids(app)
+            assert ingress_pids() == before
