@@ -143,6 +143,28 @@ async def test_errors_keep_their_status_through_an_ingress(
     assert (await fresh_infer(app)).status_code == 200
 
 
+async def test_a_client_that_leaves_has_its_queued_request_removed(
+    served: tuple[App, httpx.AsyncClient],
+) -> None:
+    """The ingress relays the client's disconnect, so a queued request leaves its queue."""
+    app, client = served
+    scheduler = app.manager.resolve("faulty", None).scheduler
+    assert scheduler is not None
+    cancelled, calls = scheduler.counters["cancelled"], scheduler.counters["model_calls"]
+    slow = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [4]}]}
+    blocker = asyncio.create_task(client.post("/v2/models/faulty/infer", json=slow))
+    await asyncio.sleep(0.05)
+    with pytest.raises(httpx.ReadTimeout):
+        await client.post("/v2/models/faulty/infer", json=slow, timeout=0.1)
+    assert (await blocker).status_code == 200
+    for _ in range(100):
+        if scheduler.counters["cancelled"] > cancelled:
+            break
+        await asyncio.sleep(0.02)
+    assert scheduler.counters["cancelled"] == cancelled + 1
+    assert scheduler.counters["model_calls"] == calls + 1, "the cancelled request never ran"
+
+
 async def test_tokens_are_checked_through_an_ingress(
     served: tuple[App, httpx.AsyncClient],
 ) -> None:

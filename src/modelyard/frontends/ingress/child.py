@@ -102,16 +102,17 @@ class ForwardingApp:
             # The manager's app may watch for the client leaving: relayed only for
             # requests that take a while, so quick ones cost no extra task.
             timer = loop.call_later(_WATCH_AFTER_S, watch)
-        started = False
+        started = finished = False
         try:
             while True:
                 kind, payload = await queue.get()
                 if kind == RESPONSE_BODY:
                     more = payload[0] == 1
+                    finished = not more
                     await send(
                         {"type": "http.response.body", "body": payload[1:], "more_body": more}
                     )
-                    if not more:
+                    if finished:
                         return
                 elif kind == START:
                     status, headers = decode_start(payload)
@@ -121,8 +122,10 @@ class ForwardingApp:
                     )
                     started = True
                 elif kind == ABORT:
+                    finished = True
                     raise ConnectionAbortedError("the manager's answer failed part-way")
                 elif kind == _LOST:
+                    finished = True
                     if started:
                         raise ConnectionAbortedError("the manager went away mid-answer")
                     gone = ModelNotReadyError("the server is shutting down")
@@ -134,6 +137,10 @@ class ForwardingApp:
             for task in watchers:
                 task.cancel()
             del self._streams[stream]
+            if not finished:
+                # Cancelled here (shutdown, or an error sending to the client): the
+                # manager stops working on it as for a client that went away.
+                write(frame(stream, DISCONNECT))
 
     @staticmethod
     def _frame_of(stream: int, message: Message) -> bytes:
