@@ -88,24 +88,21 @@ class TunnelEnd:
     async def _serve(
         self, stream: int, scope: dict[str, Any], queue: asyncio.Queue[Message]
     ) -> None:
+        # Head and body sent in one loop iteration leave in one write (FrameProtocol
+        # coalesces); a streamed answer's head leaves at once, as from uvicorn.
         write = self.protocol.write
         state = {"started": False, "done": False}
-        # The head waits for the first body chunk, so most answers are one write.
-        head: list[bytes] = []
 
         async def send(message: Message) -> None:
             kind = message["type"]
             if kind == "http.response.start":
                 state["started"] = True
-                start = encode_start(message["status"], list(message.get("headers", ())))
-                head.append(frame(stream, START, start))
+                head = encode_start(message["status"], list(message.get("headers", ())))
+                write(frame(stream, START, head))
             elif kind == "http.response.body":
                 more = bool(message.get("more_body", False))
                 state["done"] = not more
-                chunk = body_frame(stream, RESPONSE_BODY, bytes(message.get("body", b"")), more)
-                if head:
-                    chunk = head.pop() + chunk
-                write(chunk)
+                write(body_frame(stream, RESPONSE_BODY, bytes(message.get("body", b"")), more))
 
         try:
             await self.app(scope, queue.get, send)
@@ -117,7 +114,7 @@ class TunnelEnd:
         finally:
             self._streams.pop(stream, None)
             if not state["done"]:
-                write(b"".join(head) + frame(stream, ABORT))
+                write(frame(stream, ABORT))
 
     async def close(self) -> None:
         """Cancel what is still running and close the channel."""
