@@ -280,15 +280,7 @@ class App:
         from modelyard.frontends.ingress.supervisor import IngressSupervisor
 
         s = self.settings
-        self._ingress = IngressSupervisor(
-            http_app,
-            s.ingress_processes,
-            s.host,
-            s.http_port,
-            s.limits,
-            tls_options,
-            self.metrics.registry,
-        )
+        self._ingress = IngressSupervisor(http_app, s, tls_options, self.metrics.registry)
         try:
             self.http_port = await self._ingress.start()
         except OSError as exc:

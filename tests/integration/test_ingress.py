@@ -26,6 +26,7 @@ import pytest_asyncio
 from modelyard.app import App, StartupError
 from modelyard.config.settings import load_settings
 from tests.integration.conftest import python_model
+from tests.polling import wait_until
 from tests.security._pki import client_context, make_pki
 from tests.security.test_auth import (
     DATA,
@@ -150,17 +151,15 @@ async def test_a_client_that_leaves_has_its_queued_request_removed(
     app, client = served
     scheduler = app.manager.resolve("faulty", None).scheduler
     assert scheduler is not None
+    await wait_until(lambda: scheduler.pending == 0, what="earlier requests are done")
     cancelled, calls = scheduler.counters["cancelled"], scheduler.counters["model_calls"]
     slow = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [4]}]}
     blocker = asyncio.create_task(client.post("/v2/models/faulty/infer", json=slow))
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: scheduler.pending == 1, what="the blocker runs")
     with pytest.raises(httpx.ReadTimeout):
         await client.post("/v2/models/faulty/infer", json=slow, timeout=0.1)
     assert (await blocker).status_code == 200
-    for _ in range(100):
-        if scheduler.counters["cancelled"] > cancelled:
-            break
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: scheduler.counters["cancelled"] > cancelled, timeout_s=2.0)
     assert scheduler.counters["cancelled"] == cancelled + 1
     assert scheduler.counters["model_calls"] == calls + 1, "the cancelled request never ran"
 

@@ -40,6 +40,7 @@ from modelyard.frontends.ingress.frames import (
     frame,
 )
 from modelyard.frontends.ingress.tunnel import ABORT
+from modelyard.observability.logging import setup_logging
 
 INGRESS_HEADER = b"x-modelyard-ingress"
 """Response header naming the ingress process (its pid) that answered."""
@@ -194,6 +195,7 @@ async def serve(listen_fd: int, channel_fd: int, options: dict[str, Any]) -> Non
 def main(argv: list[str]) -> int:
     """Entry point: ``LISTEN_FD CHANNEL_FD OPTIONS_JSON``."""
     listen_fd, channel_fd, options = int(argv[0]), int(argv[1]), orjson.loads(argv[2])
+    setup_logging(options["logging"]["level"], options["logging"]["format"])
     with contextlib.suppress(ImportError):
         import uvloop
 

@@ -23,7 +23,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter
 from starlette.types import ASGIApp
 
-from modelyard.config.limits import LimitsConfig
+from modelyard.config.settings import ServerSettings
 from modelyard.frontends.http.server_config import accept_batch
 from modelyard.frontends.ingress.tunnel import TunnelEnd
 
@@ -84,21 +84,17 @@ class IngressSupervisor:
     def __init__(
         self,
         app: ASGIApp,
-        count: int,
-        host: str,
-        port: int,
-        limits: LimitsConfig,
+        settings: ServerSettings,
         tls_options: dict[str, Any],
         registry: CollectorRegistry,
-        log_level: str = "info",
     ) -> None:
         self.app = app
-        self.count = count
-        self.host = host
-        self.port = port
-        self.limits = limits
+        self.count = settings.ingress_processes
+        self.host = settings.host
+        self.port = settings.http_port
+        self.limits = settings.limits
         self.tls_options = tls_options
-        self.log_level = log_level
+        self._logging = {"level": settings.log_level, "format": settings.log_format}
         self._slots: list[_Slot] = []
         self._stopping = False
         self.requests = Counter(
@@ -138,7 +134,9 @@ class IngressSupervisor:
         if "ssl_cert_reqs" in tls:
             tls["ssl_cert_reqs"] = int(tls["ssl_cert_reqs"])
         limits = self.limits.model_dump(mode="json")
-        return orjson.dumps({"host": self.host, "limits": limits, "tls": tls})
+        return orjson.dumps(
+            {"host": self.host, "limits": limits, "tls": tls, "logging": self._logging}
+        )
 
     async def _spawn(self, slot: _Slot) -> None:
         """Start the slot's process and wait for its hello."""
