@@ -11,7 +11,7 @@ import gc
 import logging
 import signal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from prometheus_client import CollectorRegistry
@@ -28,7 +28,7 @@ from modelyard.errors import (
 from modelyard.frontends.auth import Authorizer
 from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.app import create_app
-from modelyard.frontends.http.connections import guarded_protocol, overflow_connections
+from modelyard.frontends.http.server_config import ensure_descriptor_room, uvicorn_config
 from modelyard.frontends.http.tls import uvicorn_tls_options
 from modelyard.manager.execute import replica_execute
 from modelyard.manager.fallback import chain_problems
@@ -45,55 +45,14 @@ from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.inline import InlineInstance
 from modelyard.workers.instance import ModelInstance
 
+if TYPE_CHECKING:
+    from modelyard.frontends.ingress.supervisor import IngressSupervisor
+
 log = logging.getLogger("modelyard")
 
 # The request path allocates short-lived objects by the thousand; a larger young
 # generation keeps collections rare without letting garbage pile up.
 _GC_GEN0_THRESHOLD = 20_000
-
-
-# Descriptors the server needs besides client connections: listening sockets, the
-# workers' socket pairs and shared-memory regions, log files, the gRPC core.
-_SPARE_DESCRIPTORS = 256
-
-
-def _accept_batch(max_connections: int) -> int:
-    """The listen backlog, which is also how many connections asyncio accepts in one go.
-
-    Connections over the cap are closed only after they are accepted, so one batch must
-    fit in the descriptors left above the cap (uvicorn's default of 2,048 would not).
-    """
-    return max(64, min(2048, max_connections // 4))
-
-
-def _ensure_descriptor_room(max_connections: int) -> None:
-    """Raise the soft file limit to what the connection cap needs, or warn if it cannot."""
-    import resource
-
-    needed = (
-        max_connections
-        + overflow_connections(max_connections)
-        + _accept_batch(max_connections)
-        + _SPARE_DESCRIPTORS
-    )
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft >= needed:
-        return
-    raised = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
-    if raised > soft:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-            log.info("raised the soft file limit from %d to %d", soft, raised)
-            soft = raised
-    if soft < needed:
-        log.warning(
-            "the file limit (ulimit -n) is %d but limits.max_connections=%d needs about %d; "
-            "lower limits.max_connections or raise the limit, or accepting connections "
-            "can fail for every client",
-            soft,
-            max_connections,
-            needed,
-        )
 
 
 class StartupError(RuntimeError):
@@ -145,6 +104,7 @@ class App:
         self.dataplane = DataPlane(self.manager, self.metrics, settings.limits, self.clock)
         self._http: uvicorn.Server | None = None
         self._http_task: asyncio.Task[None] | None = None
+        self._ingress: IngressSupervisor | None = None
         self._grpc: Any = None
         self._worker_factory: WorkerFactory | None = None
         self.http_port: int | None = None
@@ -241,7 +201,7 @@ class App:
         self._worker_factory = WorkerFactory.for_runtimes(m.runtime for m in s.models)
         await self._worker_factory.start()
         log.info("worker memory limits: %s", self._worker_factory.memory_limit_backend)
-        _ensure_descriptor_room(s.limits.max_connections)
+        ensure_descriptor_room(s.limits.max_connections)
         limits = s.limits
         http_app = create_app(
             self.dataplane,
@@ -250,45 +210,10 @@ class App:
             self.authorizer,
             max_control_body_bytes=limits.max_control_body_bytes,
         )
-        config = uvicorn.Config(
-            http_app,
-            host=s.host,
-            port=s.http_port,
-            loop="none",
-            # httptools, plus a deadline for request heads and a connection cap.
-            http=guarded_protocol(
-                limits.header_timeout_s, limits.max_connections, limits.body_idle_timeout_s
-            ),
-            # Counted with the connection being answered: 503 once over the cap.
-            limit_concurrency=limits.max_connections + 1,
-            backlog=_accept_batch(limits.max_connections),
-            lifespan="off",
-            log_level="warning",
-            access_log=False,
-            timeout_keep_alive=limits.keep_alive_timeout_s,
-            # No proxy-header rewriting, Server or Date headers: work per response that
-            # no inference client needs.
-            proxy_headers=False,
-            server_header=False,
-            date_header=False,
-            **tls_options,
-        )
-        self._http = uvicorn.Server(config)
-        # NOTE: in the main thread uvicorn captures SIGINT/SIGTERM while it serves and
-        # re-raises them when it exits, which then reaches run_forever's handler.
-        self._http_task = asyncio.create_task(_serve_http(self._http))
-        while not self._http.started:
-            if self._http_task.done():
-                with contextlib.suppress(StartupError):
-                    self._http_task.result()
-                self._http = None
-                await self._worker_factory.close()
-                self._worker_factory = None
-                raise StartupError(
-                    f"cannot serve HTTP on {s.host}:{s.http_port} (address in use or not allowed?)"
-                )
-            await asyncio.sleep(0.01)
-        self.http_port = self._http.servers[0].sockets[0].getsockname()[1]
+        if s.ingress_processes > 1:
+            await self._start_ingress(http_app, tls_options)
+        else:
+            await self._start_http(http_app, tls_options)
         if s.grpc_port is not None:
             try:
                 await self._start_grpc(grpc_credentials)
@@ -327,6 +252,43 @@ class App:
             self.http_port,
             f" and grpc {s.host}:{self.grpc_port}" if self.grpc_port else "",
         )
+
+    async def _start_http(self, http_app: Any, tls_options: dict[str, Any]) -> None:
+        """Serve REST from this process (``ingress_processes: 1``)."""
+        s = self.settings
+        assert self._worker_factory is not None
+        config = uvicorn_config(http_app, s.host, s.http_port, s.limits, tls_options)
+        self._http = uvicorn.Server(config)
+        # NOTE: in the main thread uvicorn captures SIGINT/SIGTERM while it serves and
+        # re-raises them when it exits, which then reaches run_forever's handler.
+        self._http_task = asyncio.create_task(_serve_http(self._http))
+        while not self._http.started:
+            if self._http_task.done():
+                with contextlib.suppress(StartupError):
+                    self._http_task.result()
+                self._http = None
+                await self._worker_factory.close()
+                self._worker_factory = None
+                raise StartupError(
+                    f"cannot serve HTTP on {s.host}:{s.http_port} (address in use or not allowed?)"
+                )
+            await asyncio.sleep(0.01)
+        self.http_port = self._http.servers[0].sockets[0].getsockname()[1]
+
+    async def _start_ingress(self, http_app: Any, tls_options: dict[str, Any]) -> None:
+        """Serve REST from ``ingress_processes`` processes forwarding to this one."""
+        from modelyard.frontends.ingress.supervisor import IngressSupervisor
+
+        s = self.settings
+        self._ingress = IngressSupervisor(http_app, s, tls_options, self.metrics.registry)
+        try:
+            self.http_port = await self._ingress.start()
+        except OSError as exc:
+            self._ingress = None
+            assert self._worker_factory is not None
+            await self._worker_factory.close()
+            self._worker_factory = None
+            raise StartupError(f"cannot serve HTTP on {s.host}:{s.http_port}: {exc}") from None
 
     def _grpc_credentials(self) -> Any:
         """gRPC's TLS credentials (None: plaintext); raises SecurityError naming the setting."""
@@ -385,7 +347,7 @@ class App:
         factory = self._worker_factory
         if self.dataplane.is_serving:
             server_reason = ""
-        elif self._http is None:
+        elif self._http is None and self._ingress is None:
             server_reason = "stopped"
         else:
             server_reason = "starting" if not self._started else "shutting down"
@@ -427,6 +389,9 @@ class App:
         await self.versions.close()
         await self.manager.close()
         await asyncio.gather(*self._closing_tasks, return_exceptions=True)
+        if self._ingress is not None:
+            await self._ingress.stop()
+            self._ingress = None
         if self._http is not None:
             self._http.should_exit = True
             if self._http_task is not None:

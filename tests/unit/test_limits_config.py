@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from modelyard.app import _ensure_descriptor_room
 from modelyard.config.settings import ConfigError, load_settings
+from modelyard.frontends.http.server_config import ensure_descriptor_room
 from tests.servers import write_config
 
 
@@ -58,10 +58,10 @@ def test_the_file_limit_is_raised_for_the_cap_or_the_cap_is_warned_about(
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
         with caplog.at_level(logging.WARNING, logger="modelyard"):
-            _ensure_descriptor_room(512)  # needs about 512 + 64 + 128 + 256
+            ensure_descriptor_room(512)  # needs about 512 + 64 + 128 + 256
             assert not caplog.records
             assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 512 + 64 + 128 + 256
-            _ensure_descriptor_room(hard)  # more than the hard limit allows
+            ensure_descriptor_room(hard)  # more than the hard limit allows
         assert "limits.max_connections" in caplog.text
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

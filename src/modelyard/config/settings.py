@@ -101,6 +101,10 @@ class ServerSettings(BaseSettings):
     grpc_port: int | None = Field(default=8081, ge=0, le=65535)
     """gRPC port (0 picks a free one; null disables gRPC, as do ``off`` and an empty
     value, so that ``MODELYARD_GRPC_PORT=off`` turns it off from the environment)."""
+    ingress_processes: int = Field(default=1, ge=1, le=256)
+    """Processes that accept and parse HTTP: 1 serves it in the server's own process;
+    N > 1 starts N ingress processes sharing the port, which forward every request to
+    this process (one model table, one worker pool); see docs/architecture.md."""
     model_repository: str = "."
     """Root that relative model paths are resolved against."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
