@@ -55,6 +55,7 @@ async def one_run(
     concurrency: int,
     prefetch: bool,
     budget_mb: int,
+    extra: dict[str, Any],
 ) -> dict[str, Any]:
     """Serve ``units`` with prefetching on or off; the server's counters."""
     run_dir = root / f"{label}-{'on' if prefetch else 'off'}"
@@ -64,7 +65,7 @@ async def one_run(
         [{"name": n, "path": n} for n in names],
         model_repository=str(root / "repo"),
         devices=[{"name": "cpu", "memory_budget_mb": budget_mb}],
-        prefetch={"enabled": prefetch, "min_observations": MIN_OBSERVATIONS},
+        prefetch={"enabled": prefetch, "min_observations": MIN_OBSERVATIONS, **extra},
     )
     async with running_server(cfg) as (app, client):
         budget = app.manager.budget.device("cpu")
@@ -93,6 +94,10 @@ async def main() -> None:
     parser.add_argument("--pipelines", type=int, default=60, help="pipeline runs per trace")
     parser.add_argument("--zipf-requests", type=int, default=180)
     parser.add_argument("--seq-concurrency", type=int, default=1)
+    parser.add_argument("--traces", default="sequence,zipf")
+    parser.add_argument(
+        "--horizon-s", type=float, default=None, help="prefetch.horizon_s (default: the server's)"
+    )
     parser.add_argument("--json", type=Path, default=Path("bench/results/prefetch_live.json"))
     args = parser.parse_args()
     rng = np.random.default_rng(0)
@@ -115,13 +120,13 @@ async def main() -> None:
             [m] for m in random.Random(9).choices(shuffled, weights, k=args.zipf_requests)
         ]
         print(f"{n} models, budget {budget_mb} MiB; {machine_load()}", flush=True)
-        for label, units, conc in (
-            ("sequence", seq_units, args.seq_concurrency),
-            ("zipf", zipf_units, 8),
-        ):
+        extra = {} if args.horizon_s is None else {"horizon_s": args.horizon_s}
+        runs = {"sequence": (seq_units, args.seq_concurrency), "zipf": (zipf_units, 8)}
+        for label in args.traces.split(","):
+            units, conc = runs[label]
             for prefetch in (False, True):
                 row = await one_run(
-                    root, label, names, expected, x, units, conc, prefetch, budget_mb
+                    root, label, names, expected, x, units, conc, prefetch, budget_mb, extra
                 )
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -137,7 +142,7 @@ async def main() -> None:
             f"| {r['prefetch_hits']} | {r['prefetch_wasted']} | {r['hidden_s']:.1f} "
             f"| {r['wall_s']} |"
         )
-    for label in ("sequence", "zipf"):
+    for label in args.traces.split(","):
         off, on = (r for r in rows if r["trace"] == label)
         hidden = 1 - on["cold_starts"] / max(1, off["cold_starts"])
         print(f"{label}: prefetch hides {hidden:.0%} of the cold starts")

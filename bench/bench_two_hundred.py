@@ -9,7 +9,9 @@ seconds requests waited for loads (``cold_start_s_total`` of ``/v2/stats``), loa
 the hottest model, peak workers' PSS against the budget, moments the reservations
 exceeded the budget; then the server's request log is replayed in the simulator with
 Belady's MIN (and with the same policy), giving loads / Belady and cold-start seconds /
-Belady. The log's load times are the live ones, so the replay shares the run's noise.
+Belady. The log's load times are the live ones (stretched by the loads running at once
+on two cores), so the replay runs loads unqueued (``load_slots=0``) and shares the run's
+noise; the same policy is replayed too, to show how far the simulator is from live.
 
     PYTHONPATH=src:. .venv/bin/python bench/bench_two_hundred.py            # 1,000 requests
 """
