@@ -208,3 +208,22 @@ def test_a_cold_requests_own_load_is_counted_in_the_room_a_prediction_needs() ->
         prefetcher.after("b", i + 0.5)
     assert prefetcher.after("a", 3.0, also_needed=25) is not None
     assert asked[-1] == 35
+
+
+def test_a_victim_asked_for_only_after_the_caches_turnover_costs_nothing() -> None:
+    # The victim comes back every second, but idle models last 0.1 s in this cache: it
+    # would be evicted before its next use anyway, so displacing it is worth the gain.
+    target = _record("b", reload_s=0.1)
+    victim = _record("old", reload_s=5.0, state=ModelState.READY)
+    prefetcher = _pressured(victim, target)
+    now = 0.0
+    for _ in range(6):  # enough gaps for its histogram
+        prefetcher.after("old", now)
+        prefetcher.after("a", now + 0.2)
+        prefetcher.after("b", now + 0.4)
+        now += 1.0
+    prefetcher.after("old", now)
+    decision = prefetcher.after("a", now + 0.2, turnover_s=lambda: 0.1)
+    assert decision is not None
+    assert decision.load
+    assert decision.victims == [victim]
