@@ -24,12 +24,15 @@ class FakeInstance:
         *,
         fail: str | None = None,
         gate: asyncio.Event | None = None,
+        stop_gate: asyncio.Event | None = None,
     ) -> None:
         self.footprint_bytes = footprint_bytes
         self.fail = fail
         """A start raises ModelLoadError with this reason (None: it succeeds)."""
         self.gate = gate
         """A start waits for this event before it finishes (None: at once)."""
+        self.stop_gate = stop_gate
+        """A stop waits for this event (a worker process that takes a while to exit)."""
         self.entered = asyncio.Event()
         """Set once a start began (so a test knows the load is inside the instance)."""
         self.alive = False
@@ -57,7 +60,9 @@ class FakeInstance:
         return dict(inputs)
 
     async def stop(self) -> None:
-        """Mark stopped (idempotent)."""
+        """Mark stopped (idempotent), after the stop gate opens."""
+        if self.stop_gate is not None:
+            await self.stop_gate.wait()
         self.alive = False
         self.stopped = True
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -93,9 +94,23 @@ class Anticipation:
             hidden = record.timings.total_s if record.is_ready else elapsed
             record.stats.prefetch_hidden_s += max(0.0, min(hidden, elapsed))
             record.prefetched_at = None
-        decision = self.prefetcher.after(record.key.name, now)
+        # A cold request's own load takes room too (the simulator loads it first).
+        cold = not record.is_ready and record.reserved_bytes == 0
+        own = self._admission.estimate_bytes(record) if cold else 0
+        decision = self.prefetcher.after(
+            record.key.name, now, also_needed=own, turnover_s=lambda: self._turnover_s(now)
+        )
         if decision is not None:
             self._act(record, decision)
+
+    def _turnover_s(self, now: float) -> float:
+        """The longest idle time among resident models: how long idleness survives now."""
+        idle = [
+            now - r.stats.last_used
+            for r in self._admission.records()
+            if r.is_ready and not r.pinned and r.stats.last_used
+        ]
+        return max(idle, default=math.inf)
 
     def close(self) -> None:
         """Flush and close the request log."""

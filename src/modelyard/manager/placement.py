@@ -124,6 +124,16 @@ class Placer:
                 options.append((cost, name, why))
                 continue
             if not may_evict:
+                # A prefetch's victims were evicted just before its load: their bytes are
+                # on the way out, and admission waits for them. Refusing until they are
+                # gone dropped nearly every displacing prefetch of a live server (worker
+                # processes take a while to exit).
+                leaving = self._admission.leaving(name)
+                if extra <= account.free_bytes + budget.freed_by(name, leaving, files):
+                    cost = _Cost(1, 0.0, 0, same, load, preference)
+                    why = f"{name}: fits once the models leaving it are gone"
+                    options.append((cost, name, why))
+                    continue
                 notes.append(
                     f"{name}: {account.free_bytes / _MIB:.1f} MiB free, needs {extra / _MIB:.1f}"
                 )

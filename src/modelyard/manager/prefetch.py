@@ -164,8 +164,24 @@ class Prefetcher:
         self.predictor = predictor or MarkovPredictor()
         self.histograms = histograms or ArrivalHistograms()
 
-    def after(self, model: str, now: float = 0.0) -> PrefetchDecision | None:
-        """Note a request for ``model`` at ``now``; what is worth loading now, if anything."""
+    def after(
+        self,
+        model: str,
+        now: float = 0.0,
+        *,
+        also_needed: int = 0,
+        turnover_s: Callable[[], float] | None = None,
+    ) -> PrefetchDecision | None:
+        """Note a request for ``model`` at ``now``; what is worth loading now, if anything.
+
+        ``also_needed``: bytes the request's own model is about to take (it is cold and
+        holds no reservation yet); room is made for both, or the request's load would
+        take the room made for the prediction, and the prediction be refused.
+        ``turnover_s``: how long an idle model stays resident now (the longest idle
+        time among resident models); a victim asked for only later would have been
+        evicted before its use anyway, so its expected reload is taken over at most
+        that long instead of ``horizon_s``.
+        """
         cfg = self._config
         if not cfg.enabled:
             return None
@@ -186,14 +202,14 @@ class Prefetcher:
             target.load_task is not None and not target.load_task.done()
         ):
             return None
-        missing = self._estimate_bytes(target) - self._free_bytes(target)
+        missing = self._estimate_bytes(target) + also_needed - self._free_bytes(target)
         if missing <= 0:
             return PrefetchDecision(target, guess)
         plan = self._victims(target, missing) if cfg.displace and self._victims else None
         if plan:
+            horizon = cfg.horizon_s if turnover_s is None else min(cfg.horizon_s, turnover_s())
             gain = self.value(target, guess.probability) - sum(
-                self.value(v, self.histograms.p_within(v.key.name, now, cfg.horizon_s))
-                for v in plan
+                self.value(v, self.histograms.p_within(v.key.name, now, horizon)) for v in plan
             )
             if gain > 0:
                 return PrefetchDecision(target, guess, list(plan), gain)

@@ -1,7 +1,8 @@
 """The opt-in request log: one JSON line per request and per finished load.
 
 ``{"t": s, "model": name, "version": v}`` for a request and ``{"t": s, "model": name,
-"version": v, "event": "load", "bytes": n, "load_s": s}`` for a load, ``t`` in seconds
+"version": v, "event": "load", "bytes": n, "load_s": s}`` for a load (``load_s`` without
+the load's wait for room in the budget), ``t`` in seconds
 on the manager's clock from the log's opening. ``modelyard plan --trace`` replays it
 (:func:`modelyard.simulation.traces.read_request_log`). Bounded: it stops growing at
 ``max_mb`` with one warning; a line is written with one buffered ``write`` (flushed
@@ -40,14 +41,20 @@ class RequestLog:
         self._write({"model": record.key.name, "version": record.key.version})
 
     def loaded(self, record: ModelRecord) -> None:
-        """Log a finished load of ``record``: its reservation and how long it took."""
+        """Log a finished load of ``record``: its reservation and how long it took.
+
+        The time is the load's own (process start, runtime load, warm-up), without its
+        wait for a place in the budget: a replay models that wait itself, from the
+        requests around it, and would count it twice.
+        """
+        t = record.timings
         self._write(
             {
                 "model": record.key.name,
                 "version": record.key.version,
                 "event": "load",
                 "bytes": record.reserved_bytes,
-                "load_s": round(record.timings.total_s, 6),
+                "load_s": round(max(0.0, t.total_s - t.queue_wait_s), 6),
             }
         )
 

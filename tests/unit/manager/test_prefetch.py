@@ -189,3 +189,41 @@ def test_arrival_histogram_guesses_from_the_rate_before_it_has_gaps() -> None:
     h.observe("m", 10.0)
     p = h.p_within("m", 10.0, 10.0)
     assert p == pytest.approx(1 - math.exp(-10.0 * 2 / 10.0))
+
+
+def test_a_cold_requests_own_load_is_counted_in_the_room_a_prediction_needs() -> None:
+    # Live, the request's own cold load took the room the prediction's victims freed,
+    # and the prefetch was then refused: the victims must cover both.
+    target = _record("b", reload_s=2.0)
+    asked: list[int] = []
+
+    def victims(t: ModelRecord, missing: int) -> list[ModelRecord]:
+        asked.append(missing)
+        return [_record("old", reload_s=0.1, state=ModelState.READY)]
+
+    config = PrefetchConfig(min_probability=0.5, min_observations=2)
+    prefetcher = Prefetcher(config, lambda name: target, lambda r: 0, lambda r: 10, victims=victims)
+    for i in range(3):
+        prefetcher.after("a", float(i))
+        prefetcher.after("b", i + 0.5)
+    assert prefetcher.after("a", 3.0, also_needed=25) is not None
+    assert asked[-1] == 35
+
+
+def test_a_victim_asked_for_only_after_the_caches_turnover_costs_nothing() -> None:
+    # The victim comes back every second, but idle models last 0.1 s in this cache: it
+    # would be evicted before its next use anyway, so displacing it is worth the gain.
+    target = _record("b", reload_s=0.1)
+    victim = _record("old", reload_s=5.0, state=ModelState.READY)
+    prefetcher = _pressured(victim, target)
+    now = 0.0
+    for _ in range(6):  # enough gaps for its histogram
+        prefetcher.after("old", now)
+        prefetcher.after("a", now + 0.2)
+        prefetcher.after("b", now + 0.4)
+        now += 1.0
+    prefetcher.after("old", now)
+    decision = prefetcher.after("a", now + 0.2, turnover_s=lambda: 0.1)
+    assert decision is not None
+    assert decision.load
+    assert decision.victims == [victim]

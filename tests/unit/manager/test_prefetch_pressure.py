@@ -18,7 +18,12 @@ from tests.fakes.instance import FakeInstance
 MIB = 1024 * 1024
 
 
-def _manager(tmp_path: Path, *, displace: bool) -> tuple[ModelManager, FakeClock]:
+def _manager(
+    tmp_path: Path,
+    *,
+    displace: bool,
+    instance: Callable[[ModelConfig], FakeInstance] | None = None,
+) -> tuple[ModelManager, FakeClock]:
     for name in ("a", "b", "c"):
         (tmp_path / name / "1").mkdir(parents=True)
         (tmp_path / name / "1" / "model.onnx").write_bytes(b"x" * 4096)
@@ -29,7 +34,9 @@ def _manager(tmp_path: Path, *, displace: bool) -> tuple[ModelManager, FakeClock
         prefetch=PrefetchConfig(min_observations=2, min_probability=0.5, displace=displace),
     )
     clock = FakeClock()
-    manager = ModelManager(settings, lambda config: FakeInstance(40 * MIB), clock=clock)
+    manager = ModelManager(
+        settings, instance or (lambda config: FakeInstance(40 * MIB)), clock=clock
+    )
     return manager, clock
 
 
@@ -102,4 +109,29 @@ async def test_without_displacement_only_the_files_are_warmed(tmp_path: Path) ->
     manager.touch(b)
     manager.touch(a)
     assert b.stats.page_cache_warms == warms_before + 1
+    await manager.close()
+
+
+async def test_a_displacing_prefetch_waits_for_its_victim_to_exit(tmp_path: Path) -> None:
+    # Live, a displaced worker takes a while to exit; the prefetch's placement refused
+    # while the victim's bytes were still reserved, so 17 of 20 displacing prefetches
+    # on a pipeline trace were dropped (bench/bench_prefetch_live.py).
+    exit_gate = asyncio.Event()
+
+    def instance(config: ModelConfig) -> FakeInstance:
+        return FakeInstance(40 * MIB, stop_gate=exit_gate if config.name == "c" else None)
+
+    manager, clock = _manager(tmp_path, displace=True, instance=instance)
+    a, b, c = await _setup(manager, clock)
+    manager.touch(a)  # b is predicted; it only fits once c has left
+    await _until(lambda: c.state is ModelState.UNLOADING)
+    await asyncio.sleep(0.05)
+    assert b.prefetched_at is not None, "the prefetch waits instead of being dropped"
+    assert b.stats.page_cache_warms == 0
+    exit_gate.set()
+    await _until(lambda: b.is_ready)
+    assert c.state is ModelState.UNLOADED
+    assert b.stats.prefetches == 1
+    manager.touch(b)
+    assert b.stats.prefetch_hits == 1
     await manager.close()

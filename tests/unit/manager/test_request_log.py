@@ -54,3 +54,20 @@ def test_a_cut_off_log_still_reads(tmp_path: Path) -> None:
     path = tmp_path / "requests.jsonl"
     path.write_text('{"t": 0, "model": "a"}\n{"t": 1, "model": "b"}\n{"t": 2, "mo')
     assert [r.model for r in read_request_log(path).requests] == ["a", "b"]
+
+
+def test_a_loads_wait_for_room_is_not_logged_as_load_time(tmp_path: Path) -> None:
+    # Live, 200 models under a tenth of their footprint: loads waited seconds for room,
+    # and a replay that took that wait as the reload time queued it a second time
+    # (Belady's MIN came out at 18x the live seconds waiting).
+    path = tmp_path / "requests.jsonl"
+    log = RequestLog(path, 1024 * 1024, FakeClock())
+    a = _record("a")
+    a.reserved_bytes = 5000
+    a.timings.queue_wait_s = 4.0
+    a.timings.total_s = 4.5
+    log.loaded(a)
+    log.request(a)
+    log.close()
+    assert json.loads(path.read_text().splitlines()[0])["load_s"] == 0.5
+    assert read_request_log(path).models["a"].load_s == 0.5
