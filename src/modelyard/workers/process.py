@@ -97,11 +97,19 @@ class ProcessInstance(WorkerLink):
     # ----------------------------------------------------------------------- start
 
     async def start(self, request: StartRequest) -> InstanceInfo:
-        """Start a worker, load the model there, warm it up and measure it.
+        """Start a worker (or claim a spare one), load the model there, warm it up and
+        measure it.
 
         ModelLoadError if the worker cannot start, the load or warm-up fails, the
         worker dies meanwhile, or it takes longer than ``load_timeout_s``.
         """
+        try:
+            return await self._start(request)
+        finally:
+            # The next spare is made now that this load no longer needs the CPU.
+            self._factory.refill_spares()
+
+    async def _start(self, request: StartRequest) -> InstanceInfo:
         if self._started:
             raise ModelStateConflictError("this instance has already been started")
         self._started = True
@@ -152,6 +160,7 @@ class ProcessInstance(WorkerLink):
         details: dict[str, object] = {
             **sample.as_details(),
             "start_method": self._handle.start_method,
+            "from_spare": self._from_spare,
             "memory_limit_backend": self._factory.memory_limit_backend,
             "memory_limit_bytes": request.memory_limit_bytes,
             "mapped_weight_private_bytes": mapped,
@@ -175,16 +184,27 @@ class ProcessInstance(WorkerLink):
         )
 
     async def _launch(self, loop: asyncio.AbstractEventLoop) -> None:
-        region = self._region = SharedRegion.create()  # grown on demand
-        ours, theirs = socket_pair()
+        spare = self._factory.take_spare()
+        if spare is not None:
+            # Started ahead: its Hello waits in the channel, its group (if any) exists.
+            self._from_spare = True
+            self._limit = spare.limit  # released with the worker from now on
+            region, ours = spare.region, spare.channel
+        else:
+            region = SharedRegion.create()  # grown on demand
+            ours, theirs = socket_pair()
+        self._region = region
         self._channel = LoopChannel(
             ours, self._on_message, self._on_channel_closed, self._on_protocol_error
         )
         self._in_flight = 0  # the worker's Hello
-        try:
-            handle = await self._factory.launch(theirs, region)
-        finally:
-            theirs.close()
+        if spare is not None:
+            handle = spare.handle
+        else:
+            try:
+                handle = await self._factory.launch(theirs, region)
+            finally:
+                theirs.close()
         self._handle = handle
         handle.exited.add_done_callback(self._on_exit)
         self._channel.open(loop)
@@ -192,8 +212,12 @@ class ProcessInstance(WorkerLink):
     async def _apply_limit(self, limit_bytes: int | None) -> None:
         if limit_bytes is None:
             return
-        assert self._handle is not None
         limiter = self._factory.limiter
+        if self._limit is not None:
+            # A spare's group, placed ahead: one write sets the model's limit.
+            self._limit = await asyncio.to_thread(limiter.resize, self._limit, limit_bytes)
+            return
+        assert self._handle is not None
         self._limit = await asyncio.to_thread(limiter.apply, self._handle.pid, limit_bytes)
 
     async def _load(self, request: StartRequest, deadline: float) -> Loaded:
