@@ -42,6 +42,7 @@ from modelyard.errors import (
     WorkerCrashedError,
 )
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
+from modelyard.runtimes import GENERATIVE_KINDS
 from modelyard.runtimes.base import RuntimeSpec, find_model_file
 from modelyard.runtimes.warmup import make_warmup_inputs
 from modelyard.workers.channel import ChannelClosedError, LoopChannel, SharedRegion, socket_pair
@@ -132,10 +133,17 @@ class ProcessInstance(WorkerLink):
             finally:
                 await limit
             t1 = time.perf_counter()
-            if not loaded.context_length:  # a generative runtime warmed up as it loaded
+            if loaded.warmup_s < 0 and not loaded.context_length:
+                # Configured warm-up inputs (a generative runtime warmed up as it loaded).
                 await self._warm_up(request, loaded, deadline)
-            warmup_s = time.perf_counter() - t1
-            sample, footprint, mapped = await self._measure(request.spec)
+            warmup_s = loaded.warmup_s if loaded.warmup_s >= 0 else time.perf_counter() - t1
+            if loaded.rss_bytes >= 0:  # the worker measured itself (see _load)
+                sample = MemorySample(
+                    loaded.rss_bytes, loaded.uss_bytes, loaded.pss_bytes, loaded.swap_bytes
+                )
+                footprint, mapped = sample.uss_bytes, 0
+            else:
+                sample, footprint, mapped = await self._measure(request.spec)
             # llama.cpp allocates the whole KV cache at load, but its pages become
             # resident only as sequences fill it: charge it whole, as at full context.
             footprint += loaded.kv_cache_bytes
@@ -222,7 +230,12 @@ class ProcessInstance(WorkerLink):
 
     async def _load(self, request: StartRequest, deadline: float) -> Loaded:
         seq = next(self._seqs)
-        self._send(Load(seq, request.spec, request.memory_limit_bytes), seq)
+        spec = request.spec
+        # Generated warm-up inputs: the worker warms up as it loads, and then measures
+        # itself unless mapped weight files must be told apart (``_measure``).
+        warm_up = request.warmup_inputs is None and spec.kind not in GENERATIVE_KINDS
+        measure = warm_up and not spec.share_weights
+        self._send(Load(seq, spec, request.memory_limit_bytes, warm_up, measure), seq)
         reply = await self._wait_reply(deadline, self._load_timeout_s)
         if isinstance(reply, Failed):
             err = ModelLoadError(reply.error.message)
