@@ -222,8 +222,10 @@ class ProcessInstance(WorkerLink):
             return
         limiter = self._factory.limiter
         if self._limit is not None:
-            # A spare's group, placed ahead: one write sets the model's limit.
-            self._limit = await asyncio.to_thread(limiter.resize, self._limit, limit_bytes)
+            # A spare's group, placed ahead: one small write sets the model's limit. It
+            # runs here, not in a thread (whose hop costs more): an idle spare holds far
+            # less than any limit, so the kernel has nothing to reclaim as it lowers it.
+            self._limit = limiter.resize(self._limit, limit_bytes)
             return
         assert self._handle is not None
         self._limit = await asyncio.to_thread(limiter.apply, self._handle.pid, limit_bytes)
