@@ -45,7 +45,7 @@ _EXIT_WAIT_S: Final = 2.0
 _RELEASE_ATTEMPTS: Final = 50
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # one spare is itself only (pool membership by identity)
 class Spare:
     """One idle worker: its process, the server's end of its channel, its region, and
     its memory group (None where the backend places nothing ahead)."""
