@@ -47,6 +47,7 @@ from typing import Any
 
 import _server
 import httpx
+import yaml
 
 from modelyard.examples.gguf_llama import SHAPES, write_llama_gguf
 
@@ -458,6 +459,10 @@ def part_b(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
     cfg = _server.write_config(
         root, modelyard_models(files, root, 1), name="b.yaml", budget_mb=budget_mb
     )
+    if args.spare_workers is not None:  # else the server's default (one per device)
+        doc = yaml.safe_load(cfg.read_text(encoding="utf-8"))
+        doc["spare_workers"] = args.spare_workers
+        cfg.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     mix = zipf_mix(names, args.mix_requests, args.zipf, seed=7)
     global TOKENIZER
     if TOKENIZER is None:
@@ -476,6 +481,12 @@ def part_b(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
             before = after
         out["modelyard"] = _mix_summary(outcomes, switched)
         out["modelyard_last_load"] = {n: ours.model_stats(n)["last_load"] for n in names}
+        out["modelyard_from_spare"] = {
+            n: ours.model_stats(n).get("worker", {}).get("from_spare") for n in names
+        }
+    if args.no_peer:
+        out["bare_load_s"] = bare_load_s(files["llm-1"], args.load_repeats)
+        return out
     with Peer(files, root, peer_python, args.peer_path) as peer:
         outcomes = asyncio.run(run_mix(peer.url, mix, args.max_tokens_b, PEER_EXTRA))
         # The peer holds one model: every change of model is a swap (the first request
@@ -534,7 +545,21 @@ def report_a(a: dict[str, Any]) -> str:
 def report_b(b: dict[str, Any]) -> str:
     """Part (b) as a markdown table, ratios against the peer and the bare load."""
     lines = ["(b) three models, a budget that fits two, Zipf mix", ""]
-    ours, peer = b["modelyard"], b["llama_cpp.server"]
+    ours = b["modelyard"]
+    if "llama_cpp.server" not in b:  # --no-peer
+        bare_ms = b["bare_load_s"] * 1000
+        return "\n".join(
+            [
+                *lines,
+                f"modelyard: {ours['switches']} switches, {ours['switch_s_total']:.2f} s in "
+                f"all, one switch (median) {ours['switch_s_median'] * 1000:.1f} ms = "
+                f"{ours['switch_s_median'] * 1000 / bare_ms:.2f}x the bare Llama() load "
+                f"({bare_ms:.1f} ms); TTFT p50 {ours['ttft_p50_ms']:.1f} ms, p99 "
+                f"{ours['ttft_p99_ms']:.1f} ms; last loads from a spare: "
+                f"{b.get('modelyard_from_spare')}",
+            ]
+        )
+    peer = b["llama_cpp.server"]
     rows = [
         [
             name,
@@ -591,6 +616,10 @@ def main() -> None:
     parser.add_argument("--peer-path", default=None, help="extra PYTHONPATH for the peer")
     parser.add_argument("--only", choices=["a", "b"], default=None)
     parser.add_argument("--threads", type=int, default=THREADS)
+    parser.add_argument(
+        "--spare-workers", type=int, default=None, help="(b) modelyard's spare_workers setting"
+    )
+    parser.add_argument("--no-peer", action="store_true", help="(b) without llama_cpp.server")
     args = parser.parse_args()
     globals()["THREADS"] = args.threads
     if args.quick:

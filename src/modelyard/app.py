@@ -125,8 +125,7 @@ class App:
 
         if self._worker_factory is None:
             raise ModelNotReadyError("worker processes are not available (server stopping)")
-        instance: ModelInstance = ProcessInstance(self._worker_factory)
-        return instance
+        return ProcessInstance(self._worker_factory)
 
     async def _on_ready(self, record: ModelRecord) -> None:
         if record.scheduler is not None:
@@ -196,9 +195,9 @@ class App:
             grpc_credentials = self._grpc_credentials() if s.grpc_port is not None else None
         except SecurityError as exc:
             raise StartupError(str(exc)) from None
-        # The warm fork server starts once here, with the runtimes the declared models
-        # use, so a model's first load pays milliseconds for its worker, not imports.
-        self._worker_factory = WorkerFactory.for_runtimes(m.runtime for m in s.models)
+        # Fork server (declared runtimes preloaded) and spare workers: loads skip both.
+        kinds = (m.runtime for m in s.models)
+        self._worker_factory = WorkerFactory.for_runtimes(kinds, s.spare_worker_count)
         await self._worker_factory.start()
         log.info("worker memory limits: %s", self._worker_factory.memory_limit_backend)
         ensure_descriptor_room(s.limits.max_connections)
@@ -358,6 +357,7 @@ class App:
             reason=server_reason,
             worker_memory_limits=factory.memory_limit_backend if factory else None,
             fork_server_alive=factory.fork_server_alive if factory else False,
+            spare_workers=factory.spare_pids if factory else [],
             models=[VersionView.of(r, now) for r in self.manager.records()],
         )
 

@@ -151,6 +151,12 @@ def _live_descendants() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if not _gone(p.pid)}
 
 
+async def _live_model_processes(client: httpx.AsyncClient) -> set[int]:
+    """:func:`_live_descendants` but the idle spare workers (a claimed one is replaced)."""
+    spares = (await client.get("/v2/health/details")).json()["spare_workers"]
+    return _live_descendants() - set(spares)
+
+
 def _tree_rss() -> int:
     """RSS of this process (the server) plus every descendant: fork server, workers."""
     me = psutil.Process()
@@ -473,7 +479,7 @@ async def test_request_during_restart_is_served_by_the_one_new_worker(
 ) -> None:
     async with running_server(slow_load_config) as (_, client):
         old_pid = (await _stats(client, "slow-load"))["pid"]
-        before = _live_descendants()
+        before = await _live_model_processes(client)
         assert old_pid in before
         killed_at = time.monotonic()
         os.kill(old_pid, signal.SIGKILL)
@@ -488,7 +494,7 @@ async def test_request_during_restart_is_served_by_the_one_new_worker(
         stats = await _stats(client, "slow-load")
         assert stats["ready"], stats
         assert stats["restarts"] == 1, stats
-        assert _live_descendants() == (before - {old_pid}) | {stats["pid"]}
+        assert await _live_model_processes(client) == (before - {old_pid}) | {stats["pid"]}
 
 
 async def test_live_worker_memory_is_sampled_for_stats(model_root: Path, tmp_path: Path) -> None:

@@ -248,7 +248,12 @@ async def test_an_explicit_load_retries_a_failed_model_at_once(
 async def test_removing_a_version_folder_while_it_loads_stops_the_load(tmp_path: Path) -> None:
     model = {**slow_model(tmp_path, "slow", 3.0), "memory_mb": 20}
     cfg = write_config(
-        tmp_path, [model], model_control_mode="poll", poll_interval_s=0.05, poll_settle_s=0.1
+        tmp_path,
+        [model],
+        model_control_mode="poll",
+        poll_interval_s=0.05,
+        poll_settle_s=0.1,
+        spare_workers=0,  # the loading worker must be a new process in the tree
     )
     async with running_server(cfg) as (app, client):
         idle = _descendants()

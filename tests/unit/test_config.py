@@ -19,6 +19,7 @@ BAD = [
     ("unknown-device", "models:\n  - {name: a, path: a, device: 'cuda:0'}\n", "unknown device"),
     ("not-a-mapping", "- 1\n- 2\n", "top level must be a mapping"),
     ("bad-yaml", "models: [\n", "not valid YAML"),
+    ("negative-spares", "spare_workers: -1\n", "spare_workers"),
 ]
 
 
@@ -119,3 +120,19 @@ def test_grpc_off_flag_and_flag_mistakes_name_the_flag(tmp_path: Path) -> None:
         load_settings(cfg, http_port=70000)
     assert str(info.value).startswith("--http-port: invalid configuration")
     assert str(cfg) not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "spares"),
+    [
+        ("", 1),
+        ("devices: [{name: 'cpu:0'}, {name: 'cpu:1'}, {name: 'cpu:2'}]\n", 3),
+        ("spare_workers: 0\n", 0),
+        ("spare_workers: 2\n", 2),
+    ],
+    ids=["default-one-device", "default-per-core-set", "off", "explicit"],
+)
+def test_spare_workers_default_to_one_per_device(tmp_path: Path, text: str, spares: int) -> None:
+    cfg = tmp_path / "modelyard.yaml"
+    cfg.write_text(text, encoding="utf-8")
+    assert load_settings(cfg).spare_worker_count == spares

@@ -156,6 +156,9 @@ class ServerSettings(BaseSettings):
     devices replace ``devices:``. See docs/ray.md."""
     models: list[ModelConfig] = Field(default_factory=list)
     """The models this server knows."""
+    spare_workers: int | None = Field(default=None, ge=0)
+    """Idle worker processes kept started ahead, so that a load claims one instead of
+    starting a process; null: one per entry of ``devices``; 0: none."""
     exit_on_error: bool = True
     """A model with ``preload: true`` that cannot load stops the start; false: the server
     starts anyway and lists it as FAILED with its reason (Triton's ``--exit-on-error``)."""
@@ -197,6 +200,11 @@ class ServerSettings(BaseSettings):
                     f"model {m.name!r}: fallback names unknown model(s) {', '.join(unknown)}"
                 )
         return self
+
+    @property
+    def spare_worker_count(self) -> int:
+        """``spare_workers``, its default resolved: one spare per device."""
+        return len(self.devices) if self.spare_workers is None else self.spare_workers
 
     @property
     def max_request_bytes(self) -> int:

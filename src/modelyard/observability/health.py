@@ -6,7 +6,7 @@ view uses, and converted to JSON by the route that serves it (``/v2/health/detai
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from modelyard.manager.stats import VersionView
@@ -24,6 +24,8 @@ class HealthView:
     """The memory-limit backend of worker processes (None before the factory starts)."""
     fork_server_alive: bool
     models: list[VersionView]
+    spare_workers: list[int] = field(default_factory=list)
+    """Process ids of the idle spare workers (``spare_workers`` setting)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``/v2/health/details`` document."""
@@ -33,5 +35,6 @@ class HealthView:
             "reason": self.reason,
             "worker_memory_limits": self.worker_memory_limits,
             "fork_server_alive": self.fork_server_alive,
+            "spare_workers": self.spare_workers,
             "models": [m.health_json() for m in self.models],
         }

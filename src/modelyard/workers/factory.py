@@ -43,6 +43,7 @@ from modelyard.workers.messages import (
     decode,
     encode,
 )
+from modelyard.workers.spares import Spare, SparePool
 
 _log = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ class WorkerFactoryConfig:
     """How long ``stop()`` waits for a worker to exit before SIGKILL."""
     ready_timeout_s: float = 60.0
     """How long the fork server may take to import and report ready."""
+    spare_workers: int = 0
+    """Idle workers kept started ahead (``spares.py``); the server sets it from its
+    ``spare_workers`` setting, and 0 (here the default) keeps none."""
 
 
 class WorkerFactory:
@@ -93,14 +97,16 @@ class WorkerFactory:
         self._tokens = itertools.count(1)
         self._restart_lock = asyncio.Lock()
         self._closed = False
+        self._spares: SparePool | None = None
         self.fork_server_info: ForkServerReady | None = None
         """What the fork server reported when ready (pid, threads, import time)."""
 
     @classmethod
-    def for_runtimes(cls, kinds: Iterable[str]) -> WorkerFactory:
+    def for_runtimes(cls, kinds: Iterable[str], spare_workers: int = 0) -> WorkerFactory:
         """A factory on the defaults whose fork server also preloads what the runtime
-        ``kinds`` need (``RUNTIME_PRELOAD``: llama-cpp-python for ``llama_cpp``)."""
-        return cls(WorkerFactoryConfig(preload=preload_for(kinds)))
+        ``kinds`` need (``RUNTIME_PRELOAD``: llama-cpp-python for ``llama_cpp``) and
+        that keeps ``spare_workers`` idle workers ready."""
+        return cls(WorkerFactoryConfig(preload=preload_for(kinds), spare_workers=spare_workers))
 
     # -------------------------------------------------------------------- lifecycle
 
@@ -139,6 +145,27 @@ class WorkerFactory:
             except BaseException:
                 await self.close()
                 raise
+        if self.config.spare_workers > 0:
+            self._spares = SparePool(self.config.spare_workers, self.launch, self._limiter)
+            self._spares.start()
+
+    # ------------------------------------------------------------------------ spares
+
+    @property
+    def spare_pids(self) -> list[int]:
+        """Process ids of the idle spare workers (none when spares are off)."""
+        return self._spares.pids if self._spares is not None else []
+
+    def take_spare(self) -> Spare | None:
+        """An idle spare worker for a load to claim, or None (spares off, none ready)."""
+        if self._spares is None or not self.is_running:
+            return None
+        return self._spares.take()
+
+    def refill_spares(self) -> None:
+        """Start spares again up to the pool's size (after a claiming load is over)."""
+        if self._spares is not None and self.is_running:
+            self._spares.refill()
 
     async def __aenter__(self) -> WorkerFactory:
         await self.start()
@@ -209,6 +236,9 @@ class WorkerFactory:
         """Kill every worker still running and stop the fork server."""
         if self._closed:
             return
+        spares, self._spares = self._spares, None
+        if spares is not None:
+            await spares.close()
         handles = list(self._handles.values())
         for handle in handles:
             handle.kill()

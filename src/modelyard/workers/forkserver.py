@@ -44,6 +44,9 @@ from modelyard.workers.messages import (
 
 DEFAULT_PRELOAD: tuple[str, ...] = (
     "numpy",
+    # numpy imports its random module on first use (~20 ms here): the generated warm-up
+    # inputs that every worker makes use it.
+    "numpy.random",
     "onnxruntime",
     "psutil",
     "modelyard.runtimes.onnx",

@@ -25,6 +25,8 @@ import threading
 import time
 import traceback
 
+import msgspec
+
 from modelyard.errors import ErrorCode, InternalError, ServerError
 from modelyard.runtimes import (
     GENERATIVE_KINDS,
@@ -35,8 +37,10 @@ from modelyard.runtimes import (
 )
 from modelyard.runtimes.errors import classify_runtime_error
 from modelyard.runtimes.generation import GenerationJob
+from modelyard.runtimes.warmup import make_warmup_inputs
 from modelyard.workers.channel import BlockingChannel, ChannelClosedError, SharedRegion
 from modelyard.workers.device import enter_device
+from modelyard.workers.footprint import sample_memory
 from modelyard.workers.messages import (
     Cancel,
     Chunk,
@@ -91,6 +95,33 @@ def _load(runtime: Runtime, msg: Load) -> Loaded:
     )
 
 
+def _warm_up_and_measure(runtime: Runtime, msg: Load, loaded: Loaded) -> Loaded | Failed:
+    """What ``Load.warm_up`` and ``Load.measure`` ask for, in the reply: the server is
+    spared a round trip (Infer) and a thread hop (its read of this process's memory)."""
+    warmup_s = -1.0
+    if msg.warm_up:
+        t0 = time.perf_counter()
+        try:
+            runtime.infer(make_warmup_inputs(runtime.inputs))
+        except Exception as exc:
+            err = classify_runtime_error(exc)
+            message = f"model {msg.spec.model_name!r} failed its warm-up: {err.message}"
+            info = ErrorInfo(ErrorCode.MODEL_LOAD_FAILED.value, message, traceback.format_exc())
+            return Failed(msg.seq, info)
+        warmup_s = time.perf_counter() - t0
+    loaded = msgspec.structs.replace(loaded, warmup_s=warmup_s)
+    if not msg.measure:
+        return loaded
+    sample = sample_memory(os.getpid())
+    return msgspec.structs.replace(
+        loaded,
+        rss_bytes=sample.rss_bytes,
+        uss_bytes=sample.uss_bytes,
+        pss_bytes=sample.pss_bytes,
+        swap_bytes=sample.swap_bytes,
+    )
+
+
 def serve(channel_fd: int, region_fd: int, region_bytes: int) -> int:
     """Run the worker on the two descriptors; the return value is the exit code."""
     faulthandler.enable()
@@ -112,7 +143,7 @@ def _serve(channel: BlockingChannel, region: SharedRegion) -> int:
     if first.spec.kind in GENERATIVE_KINDS:
         return _serve_generation(channel, first)
     try:
-        first = Load(first.seq, enter_device(first.spec), first.memory_limit_bytes)
+        first = msgspec.structs.replace(first, spec=enter_device(first.spec))
         runtime = create_runtime(first.spec.kind)
         loaded = _load(runtime, first)
     except Exception as exc:
@@ -120,7 +151,10 @@ def _serve(channel: BlockingChannel, region: SharedRegion) -> int:
         info = ErrorInfo(ErrorCode.MODEL_LOAD_FAILED.value, message, traceback.format_exc())
         channel.send(Failed(first.seq, info))
         return 1
-    channel.send(loaded)
+    reply = _warm_up_and_measure(runtime, first, loaded)
+    channel.send(reply)
+    if isinstance(reply, Failed):
+        return 1
     limit = first.memory_limit_bytes
     while True:
         msg = channel.recv()

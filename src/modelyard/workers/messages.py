@@ -60,6 +60,11 @@ class Load(msgspec.Struct, frozen=True, array_like=True, tag="l"):
     seq: int
     spec: RuntimeSpec
     memory_limit_bytes: int | None = None
+    warm_up: bool = False
+    """Run one generated batch right after the load (a tensor model without configured
+    warm-up inputs), saving the server a round trip."""
+    measure: bool = False
+    """Then read this process's own memory (``smaps_rollup``) into the reply."""
 
 
 class Loaded(msgspec.Struct, frozen=True, array_like=True, tag="L"):
@@ -76,6 +81,13 @@ class Loaded(msgspec.Struct, frozen=True, array_like=True, tag="L"):
     """Sequences a generative model decodes together; 0 for tensor models."""
     kv_cache_bytes: int = 0
     """The KV cache a generative model allocated."""
+    warmup_s: float = -1.0
+    """Seconds of the warm-up run after the load (``Load.warm_up``); -1: none was run."""
+    rss_bytes: int = -1
+    """The worker's memory after load and warm-up (``Load.measure``); -1: not measured."""
+    uss_bytes: int = 0
+    pss_bytes: int = 0
+    swap_bytes: int = 0
 
 
 class Infer(msgspec.Struct, frozen=True, array_like=True, tag="i"):

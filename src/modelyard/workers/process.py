@@ -42,6 +42,7 @@ from modelyard.errors import (
     WorkerCrashedError,
 )
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
+from modelyard.runtimes import GENERATIVE_KINDS
 from modelyard.runtimes.base import RuntimeSpec, find_model_file
 from modelyard.runtimes.warmup import make_warmup_inputs
 from modelyard.workers.channel import ChannelClosedError, LoopChannel, SharedRegion, socket_pair
@@ -97,11 +98,19 @@ class ProcessInstance(WorkerLink):
     # ----------------------------------------------------------------------- start
 
     async def start(self, request: StartRequest) -> InstanceInfo:
-        """Start a worker, load the model there, warm it up and measure it.
+        """Start a worker (or claim a spare one), load the model there, warm it up and
+        measure it.
 
         ModelLoadError if the worker cannot start, the load or warm-up fails, the
         worker dies meanwhile, or it takes longer than ``load_timeout_s``.
         """
+        try:
+            return await self._start(request)
+        finally:
+            # The next spare is made now that this load no longer needs the CPU.
+            self._factory.refill_spares()
+
+    async def _start(self, request: StartRequest) -> InstanceInfo:
         if self._started:
             raise ModelStateConflictError("this instance has already been started")
         self._started = True
@@ -124,10 +133,17 @@ class ProcessInstance(WorkerLink):
             finally:
                 await limit
             t1 = time.perf_counter()
-            if not loaded.context_length:  # a generative runtime warmed up as it loaded
+            if loaded.warmup_s < 0 and not loaded.context_length:
+                # Configured warm-up inputs (a generative runtime warmed up as it loaded).
                 await self._warm_up(request, loaded, deadline)
-            warmup_s = time.perf_counter() - t1
-            sample, footprint, mapped = await self._measure(request.spec)
+            warmup_s = loaded.warmup_s if loaded.warmup_s >= 0 else time.perf_counter() - t1
+            if loaded.rss_bytes >= 0:  # the worker measured itself (see _load)
+                sample = MemorySample(
+                    loaded.rss_bytes, loaded.uss_bytes, loaded.pss_bytes, loaded.swap_bytes
+                )
+                footprint, mapped = sample.uss_bytes, 0
+            else:
+                sample, footprint, mapped = await self._measure(request.spec)
             # llama.cpp allocates the whole KV cache at load, but its pages become
             # resident only as sequences fill it: charge it whole, as at full context.
             footprint += loaded.kv_cache_bytes
@@ -152,6 +168,7 @@ class ProcessInstance(WorkerLink):
         details: dict[str, object] = {
             **sample.as_details(),
             "start_method": self._handle.start_method,
+            "from_spare": self._from_spare,
             "memory_limit_backend": self._factory.memory_limit_backend,
             "memory_limit_bytes": request.memory_limit_bytes,
             "mapped_weight_private_bytes": mapped,
@@ -175,16 +192,27 @@ class ProcessInstance(WorkerLink):
         )
 
     async def _launch(self, loop: asyncio.AbstractEventLoop) -> None:
-        region = self._region = SharedRegion.create()  # grown on demand
-        ours, theirs = socket_pair()
+        spare = self._factory.take_spare()
+        if spare is not None:
+            # Started ahead: its Hello waits in the channel, its group (if any) exists.
+            self._from_spare = True
+            self._limit = spare.limit  # released with the worker from now on
+            region, ours = spare.region, spare.channel
+        else:
+            region = SharedRegion.create()  # grown on demand
+            ours, theirs = socket_pair()
+        self._region = region
         self._channel = LoopChannel(
             ours, self._on_message, self._on_channel_closed, self._on_protocol_error
         )
         self._in_flight = 0  # the worker's Hello
-        try:
-            handle = await self._factory.launch(theirs, region)
-        finally:
-            theirs.close()
+        if spare is not None:
+            handle = spare.handle
+        else:
+            try:
+                handle = await self._factory.launch(theirs, region)
+            finally:
+                theirs.close()
         self._handle = handle
         handle.exited.add_done_callback(self._on_exit)
         self._channel.open(loop)
@@ -192,13 +220,24 @@ class ProcessInstance(WorkerLink):
     async def _apply_limit(self, limit_bytes: int | None) -> None:
         if limit_bytes is None:
             return
-        assert self._handle is not None
         limiter = self._factory.limiter
+        if self._limit is not None:
+            # A spare's group, placed ahead: one small write sets the model's limit. It
+            # runs here, not in a thread (whose hop costs more): an idle spare holds far
+            # less than any limit, so the kernel has nothing to reclaim as it lowers it.
+            self._limit = limiter.resize(self._limit, limit_bytes)
+            return
+        assert self._handle is not None
         self._limit = await asyncio.to_thread(limiter.apply, self._handle.pid, limit_bytes)
 
     async def _load(self, request: StartRequest, deadline: float) -> Loaded:
         seq = next(self._seqs)
-        self._send(Load(seq, request.spec, request.memory_limit_bytes), seq)
+        spec = request.spec
+        # Generated warm-up inputs: the worker warms up as it loads, and then measures
+        # itself unless mapped weight files must be told apart (``_measure``).
+        warm_up = request.warmup_inputs is None and spec.kind not in GENERATIVE_KINDS
+        measure = warm_up and not spec.share_weights
+        self._send(Load(seq, spec, request.memory_limit_bytes, warm_up, measure), seq)
         reply = await self._wait_reply(deadline, self._load_timeout_s)
         if isinstance(reply, Failed):
             err = ModelLoadError(reply.error.message)

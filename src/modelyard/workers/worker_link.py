@@ -66,6 +66,8 @@ class WorkerLink:
         self._handle: WorkerHandle | None = None
         self._limit: MemoryLimit | None = None
         self._limit_bytes: int | None = None
+        self._from_spare = False
+        """True when the worker was a spare, claimed instead of started (``spares.py``)."""
         self._callback: ExitCallback | None = None
         self._seqs = itertools.count(1)
         self._in_flight: int | None = None

@@ -84,6 +84,37 @@ def test_a_cgroup_limit_creates_a_group_with_the_limit_and_the_pid(
 
 
 @pytest.mark.parametrize(
+    ("cls", "limit_file"),
+    [(Cgroup1Limiter, "memory.limit_in_bytes"), (Cgroup2Limiter, "memory.max")],
+    ids=["v1", "v2"],
+)
+def test_a_spare_is_placed_without_a_limit_and_resized_when_claimed(
+    tmp_path: Path, cls: type[Cgroup1Limiter] | type[Cgroup2Limiter], limit_file: str
+) -> None:
+    limiter = cls(tmp_path, server_pid=7)
+    placed = limiter.place(1234)
+    assert isinstance(placed, CgroupLimit)
+    assert (placed.path / "cgroup.procs").read_text() == "1234"
+    assert not (placed.path / limit_file).exists(), "no limit while it idles"
+
+    limit = limiter.resize(placed, 256 * MIB)
+
+    assert isinstance(limit, CgroupLimit)
+    assert limit.path == placed.path
+    assert limit.limit_bytes == 256 * MIB
+    assert (limit.path / limit_file).read_text() == str(256 * MIB)
+
+
+def test_resize_refuses_a_limit_of_another_backend(tmp_path: Path) -> None:
+    with pytest.raises(MemoryLimitError, match="not a group"):
+        Cgroup2Limiter(tmp_path).resize(RlimitLimiter(set_rlimit=False).apply(1, MIB), MIB)
+
+
+def test_the_rlimit_backend_places_nothing_ahead() -> None:
+    assert RlimitLimiter(set_rlimit=False).place(1) is None
+
+
+@pytest.mark.parametrize(
     ("events_file", "text", "killed"),
     [
         ("memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n", True),

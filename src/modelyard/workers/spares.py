@@ -1,0 +1,203 @@
+"""SparePool: idle worker processes started ahead, so that a load skips process start.
+
+A spare is a worker like any other (forked by the fork server, or spawned), started
+before any model needs it: its process exists, its channel and shared region are open,
+its ``Hello`` waits unread in the channel, and with a cgroup backend it already sits in
+its own group (:meth:`MemoryLimiter.place`; moving a pid into a group costs 5-13 ms).
+It has not loaded anything, so it belongs to no device yet: a worker enters its device
+(core set, CUDA device) when its ``Load`` arrives, and any spare serves any device.
+
+:class:`~modelyard.workers.process.ProcessInstance` claims one with :meth:`take`
+(``None`` when the pool is empty: it starts a worker the usual way), writes the model's
+limit into the spare's group, and calls :meth:`refill` once its start is over, so that
+the next spare is made after the load, not while it competes for the CPU. A spare that
+dies is replaced (after a back-off when spares keep dying young); :meth:`close` kills
+and reaps them all. An idle spare's memory is its own pages only (a few MiB: everything
+else is the fork server's, shared); it is not charged to any budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final
+
+from modelyard.workers.channel import SharedRegion, socket_pair
+from modelyard.workers.handle import WorkerHandle, WorkerStartError
+from modelyard.workers.limits import MemoryLimit, MemoryLimiter, MemoryLimitError
+
+__all__ = ["Launch", "Spare", "SparePool"]
+
+_log = logging.getLogger(__name__)
+
+Launch = Callable[[socket.socket, SharedRegion], Awaitable[WorkerHandle]]
+"""Starts a worker on (its end of the channel, the region): ``WorkerFactory.launch``."""
+
+_YOUNG_S: Final = 1.0
+"""A spare that dies younger than this makes the next one wait (a back-off)."""
+_MAX_BACKOFF_S: Final = 30.0
+_EXIT_WAIT_S: Final = 2.0
+_RELEASE_ATTEMPTS: Final = 50
+
+
+@dataclass(slots=True, eq=False)  # one spare is itself only (pool membership by identity)
+class Spare:
+    """One idle worker: its process, the server's end of its channel, its region, and
+    its memory group (None where the backend places nothing ahead)."""
+
+    handle: WorkerHandle
+    channel: socket.socket
+    region: SharedRegion
+    limit: MemoryLimit | None
+    born: float
+
+    def discard(self) -> None:
+        """Close what the server holds of it (after its process has gone or been killed)."""
+        self.channel.close()
+        self.region.close()
+
+
+class SparePool:
+    """Keeps ``size`` spare workers ready; see the module docstring."""
+
+    def __init__(self, size: int, launch: Launch, limiter: MemoryLimiter) -> None:
+        self.size = size
+        self._launch = launch
+        self._limiter = limiter
+        self._spares: list[Spare] = []
+        self._wanted = asyncio.Event()
+        self._filler: asyncio.Task[None] | None = None
+        self._backoff_s = 0.0
+        self._closed = False
+        self._chores: set[asyncio.Task[None]] = set()
+        self.made = 0
+        """Spares started since the pool started (claimed, died or idle)."""
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the idle spares, oldest first."""
+        return [s.handle.pid for s in self._spares]
+
+    def start(self) -> None:
+        """Start making spares in the background."""
+        self._wanted.set()
+        self._filler = asyncio.get_running_loop().create_task(self._fill(), name="spare-workers")
+
+    def take(self) -> Spare | None:
+        """An idle spare, no longer the pool's; None when there is none ready."""
+        while self._spares:
+            spare = self._spares.pop(0)
+            if not spare.handle.exited.done():
+                self._backoff_s = 0.0
+                return spare
+            self._forget(spare)
+        return None
+
+    def refill(self) -> None:
+        """Make spares until the pool is full again (call once a claimed spare's load is
+        over, so that making the next one does not slow that load down)."""
+        if len(self._spares) < self.size:
+            self._wanted.set()
+
+    async def close(self) -> None:
+        """Stop making spares; kill, reap and forget the idle ones."""
+        self._closed = True
+        filler, self._filler = self._filler, None
+        if filler is not None:
+            filler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await filler
+        spares, self._spares = self._spares, []
+        for spare in spares:
+            spare.handle.kill()
+        if spares:
+            await asyncio.wait([s.handle.exited for s in spares], timeout=_EXIT_WAIT_S)
+        for spare in spares:
+            self._forget(spare)
+        if self._chores:
+            await asyncio.gather(*self._chores, return_exceptions=True)
+
+    # --------------------------------------------------------------------- internals
+
+    async def _fill(self) -> None:
+        while not self._closed:
+            if len(self._spares) >= self.size:
+                self._wanted.clear()
+                await self._wanted.wait()
+                continue
+            if self._backoff_s:
+                await asyncio.sleep(self._backoff_s)
+            try:
+                spare = await self._make()
+            except (WorkerStartError, MemoryLimitError, OSError, TimeoutError) as exc:
+                self._backoff_s = min(max(self._backoff_s * 2, 0.5), _MAX_BACKOFF_S)
+                _log.warning("could not start a spare worker (%s); retrying", exc)
+                continue
+            if self._closed:  # close() ran while this one started
+                spare.handle.kill()
+                self._forget(spare)
+                return
+            self._spares.append(spare)
+
+    async def _make(self) -> Spare:
+        region = SharedRegion.create()
+        ours, theirs = socket_pair()
+        try:
+            handle = await self._launch(theirs, region)
+        except BaseException:
+            ours.close()
+            region.close()
+            raise
+        finally:
+            theirs.close()
+        self.made += 1
+        spare = Spare(handle, ours, region, None, time.monotonic())
+        handle.exited.add_done_callback(lambda _: self._on_exit(spare))
+        try:
+            spare.limit = await asyncio.to_thread(self._limiter.place, handle.pid)
+        except BaseException:
+            handle.kill()
+            self._forget(spare)
+            raise
+        return spare
+
+    def _on_exit(self, spare: Spare) -> None:
+        if spare not in self._spares:
+            return  # claimed (its instance watches it now), or already forgotten
+        self._spares.remove(spare)
+        self._forget(spare)
+        if self._closed:
+            return
+        young = time.monotonic() - spare.born < _YOUNG_S
+        self._backoff_s = min(max(self._backoff_s * 2, 0.25), _MAX_BACKOFF_S) if young else 0.0
+        _log.warning(
+            "spare worker %d exited (code %s); starting another",
+            spare.handle.pid,
+            spare.handle.exited.result(),
+        )
+        self._wanted.set()
+
+    def _forget(self, spare: Spare) -> None:
+        """Close its channel and region; once its process has gone, its pidfd and group."""
+        spare.discard()
+        limit, spare.limit = spare.limit, None
+        chore = asyncio.get_running_loop().create_task(self._reap(spare.handle, limit))
+        self._chores.add(chore)
+        chore.add_done_callback(self._chores.discard)
+
+    @staticmethod
+    async def _reap(handle: WorkerHandle, limit: MemoryLimit | None) -> None:
+        try:
+            async with asyncio.timeout(_EXIT_WAIT_S):
+                await asyncio.shield(handle.exited)
+        except TimeoutError:
+            _log.error("spare worker %d did not exit after SIGKILL", handle.pid)
+            return
+        handle.close()
+        if limit is not None and not await asyncio.to_thread(limit.release, _RELEASE_ATTEMPTS):
+            _log.warning("the memory group of a spare worker could not be removed")

@@ -1,0 +1,149 @@
+"""Spare workers: idle worker processes started ahead that a load claims.
+
+Real fork server, real workers, real memory groups where the cgroup backend is active.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from modelyard.runtimes.base import RuntimeSpec
+from modelyard.workers.factory import WorkerFactory
+from modelyard.workers.instance import StartRequest
+from modelyard.workers.limits import Cgroup1Limiter, Cgroup2Limiter
+from modelyard.workers.process import ProcessInstance
+from tests.polling import wait_until
+
+from .conftest import TEST_FACTORY_CONFIG, Starter, is_gone, onnx_spec
+
+MIB = 1024 * 1024
+READY_S = 10.0
+"""How long a spare may take to appear (fork on a loaded 2-core box)."""
+
+
+@pytest.fixture
+async def spared() -> AsyncIterator[WorkerFactory]:
+    """A started factory that keeps one spare worker."""
+    f = WorkerFactory(dataclasses.replace(TEST_FACTORY_CONFIG, spare_workers=1))
+    await f.start()
+    yield f
+    await f.close()
+
+
+@pytest.fixture
+async def start_on_spared(spared: WorkerFactory) -> AsyncIterator[Starter]:
+    """``start_instance`` on ``spared`` (without starting a second factory)."""
+    started: list[ProcessInstance] = []
+
+    async def start(spec: RuntimeSpec, memory_limit_bytes: int | None = None) -> ProcessInstance:
+        instance = ProcessInstance(spared)
+        started.append(instance)
+        await instance.start(StartRequest(spec, memory_limit_bytes=memory_limit_bytes))
+        return instance
+
+    yield start
+    for instance in started:
+        await instance.stop()
+        assert instance.pid is None or is_gone(instance.pid)
+
+
+async def _one_spare(factory: WorkerFactory) -> int:
+    await wait_until(lambda: len(factory.spare_pids) == 1, READY_S, what="a spare worker appears")
+    return factory.spare_pids[0]
+
+
+async def test_a_load_claims_the_spare_and_a_new_spare_follows(
+    spared: WorkerFactory, start_on_spared: Starter, onnx_dirs: dict[str, Path]
+) -> None:
+    spare_pid = await _one_spare(spared)
+    assert spared.fork_server_info is not None
+    assert psutil.Process(spare_pid).ppid() == spared.fork_server_info.pid
+
+    instance = await start_on_spared(onnx_spec(onnx_dirs["identity"]))
+
+    assert instance.pid == spare_pid, "the load took the spare instead of forking"
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal((await instance.infer({"x": x}, 5.0))["y"], x)
+    new_pid = await _one_spare(spared)
+    assert new_pid != spare_pid
+    assert psutil.pid_exists(new_pid)
+
+
+async def test_a_claimed_spare_gets_the_models_limit_in_its_own_group(
+    spared: WorkerFactory, start_on_spared: Starter, onnx_dirs: dict[str, Path]
+) -> None:
+    limiter = spared.limiter
+    if not isinstance(limiter, Cgroup1Limiter | Cgroup2Limiter):
+        pytest.skip("the rlimit backend places nothing ahead; covered by the load tests")
+    spare_pid = await _one_spare(spared)
+    groups = {g: (g / "cgroup.procs").read_text().split() for g in limiter.base.glob("modelyard-*")}
+    spare_group = next(g for g, pids in groups.items() if str(spare_pid) in pids)
+
+    instance = await start_on_spared(onnx_spec(onnx_dirs["identity"]), 256 * MIB)
+
+    assert instance.pid == spare_pid
+    assert str(instance.pid) in (spare_group / "cgroup.procs").read_text().split()
+    limit_file = "memory.max" if isinstance(limiter, Cgroup2Limiter) else "memory.limit_in_bytes"
+    assert int((spare_group / limit_file).read_text()) == 256 * MIB
+    await instance.stop()
+    await wait_until(
+        lambda: not spare_group.exists(), READY_S, what="the group goes with the worker"
+    )
+
+
+async def test_a_killed_spare_is_replaced_and_loads_still_work(
+    spared: WorkerFactory, start_on_spared: Starter, onnx_dirs: dict[str, Path]
+) -> None:
+    dead = await _one_spare(spared)
+    os.kill(dead, signal.SIGKILL)
+
+    await wait_until(
+        lambda: spared.spare_pids not in ([], [dead]), READY_S, what="the dead spare is replaced"
+    )
+    replacement = spared.spare_pids[0]
+    instance = await start_on_spared(onnx_spec(onnx_dirs["mlp"]))
+
+    assert instance.pid == replacement
+    out = await instance.infer({"x": np.ones((1, 16), np.float32)}, 5.0)
+    assert out["y"].shape == (1, 8)
+
+
+async def test_without_spares_a_load_forks_its_own_worker(
+    factory: WorkerFactory, start_instance: Starter, onnx_dirs: dict[str, Path]
+) -> None:
+    assert factory.config.spare_workers == 0
+    await asyncio.sleep(0.2)  # room for a (wrongly) started spare to show up
+    assert factory.fork_server_info is not None
+    assert psutil.Process(factory.fork_server_info.pid).children() == []
+
+    instance = await start_instance(onnx_spec(onnx_dirs["identity"]))
+
+    assert instance.is_alive
+    assert factory.spare_pids == []
+    await asyncio.sleep(0.2)
+    children = psutil.Process(factory.fork_server_info.pid).children()
+    assert [p.pid for p in children] == [instance.pid], "no spare made after the load"
+
+
+async def test_closing_the_factory_reaps_its_spares_and_their_groups() -> None:
+    factory = WorkerFactory(dataclasses.replace(TEST_FACTORY_CONFIG, spare_workers=2))
+    await factory.start()
+    await wait_until(lambda: len(factory.spare_pids) == 2, READY_S, what="two spares appear")
+    pids = factory.spare_pids
+    limiter = factory.limiter
+
+    await factory.close()
+
+    assert all(is_gone(pid) for pid in pids)
+    assert factory.spare_pids == []
+    if isinstance(limiter, Cgroup1Limiter | Cgroup2Limiter):
+        assert list(limiter.base.glob(f"modelyard-{os.getpid()}-*")) == []
