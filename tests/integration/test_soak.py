@@ -66,7 +66,9 @@ def test_soak_answers_everything_and_leaks_nothing(tmp_path: Path) -> None:
 
     assert result["core_rss_growth_after_warmup"] < RSS_GROWTH_LIMIT
     base, end = result["baseline"], result["end"]
-    assert end["workers"] == 0
+    # Every model unloaded at the end: what is left is the idle spare worker(s) the
+    # server keeps ready (spare_workers), as many as at the baseline.
+    assert end["workers"] == base["workers"] <= 1, (base["workers"], end["workers"])
     for key in ("tree_fds", "server_fds", "memfds", "shm_files"):
         assert end[key] == base[key], (key, base[key], end[key])
     assert plot.stat().st_size > 10_000
