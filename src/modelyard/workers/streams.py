@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator, Callable
 
 from modelyard.errors import DeadlineExceededError, ServerError
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
+from modelyard.runtimes.generation import GenerationJob
 from modelyard.workers.exits import rebuild_error
 from modelyard.workers.instance import GenerationCounters
 from modelyard.workers.messages import (
@@ -96,15 +97,17 @@ class GenerationStreams:
         try:
             self._send(
                 Generate(
-                    seq,
-                    request.prompt,
-                    messages,
-                    s.max_tokens,
-                    float(s.temperature),
-                    float(s.top_p),
-                    s.top_k,
-                    s.seed,
-                    s.stop,
+                    GenerationJob(
+                        seq,
+                        request.prompt,
+                        messages,
+                        s.max_tokens,
+                        float(s.temperature),
+                        float(s.top_p),
+                        s.top_k,
+                        s.seed,
+                        s.stop,
+                    )
                 )
             )
             while True:
