@@ -36,7 +36,7 @@ from modelyard.manager.fallback import (
 )
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord
-from modelyard.manager.router import Router
+from modelyard.manager.router import Router, check_client_timeout
 from modelyard.manager.states import ModelState
 from modelyard.observability.metrics import OK, Metrics
 from modelyard.protocol.documents import json_object
@@ -318,15 +318,8 @@ class DataPlane:
     async def _infer_on(
         self, record: ModelRecord, request: InferRequest, started: float
     ) -> InferResponse:
-        client_timeout_s = request.timeout_s
-        if client_timeout_s is not None and client_timeout_s <= 0:
-            raise InvalidInputError("'timeout' must be positive")
-        async with self.router.route(
-            record,
-            started=started,
-            timeout_s=record.config.timeout_s,
-            client_timeout_s=client_timeout_s,
-        ) as route:
+        client_timeout_s = check_client_timeout(request.timeout_s)
+        async with self.router.route_request(record, started, client_timeout_s) as route:
             inputs = validate_inputs(record, request, route.info.inputs)
             outputs = await route.scheduler.submit(
                 inputs, priority=request.priority, deadline=route.deadline

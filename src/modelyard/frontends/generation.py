@@ -26,7 +26,7 @@ from modelyard.errors import (
 from modelyard.manager.llm_memory import context_length_of
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelKey, ModelRecord
-from modelyard.manager.router import Router
+from modelyard.manager.router import Router, check_client_timeout
 from modelyard.observability.metrics import OK, Metrics
 from modelyard.protocol.generate import (
     BROWNOUT_KEY,
@@ -169,21 +169,14 @@ class Generation:
                 f"{record.config.runtime!r}); use the inference API"
             )
         check_generate_request(request)
-        client_timeout_s = request.timeout_s
-        if client_timeout_s is not None and client_timeout_s <= 0:
-            raise InvalidInputError("'timeout' must be positive")
+        client_timeout_s = check_client_timeout(request.timeout_s)
         self._check_max_tokens(record, request)
         metrics = self.metrics
         code: str = OK
         first_at: float | None = None
         last: GenerateChunk | None = None
         try:
-            async with self.router.route(
-                record,
-                started=started,
-                timeout_s=record.config.timeout_s,
-                client_timeout_s=client_timeout_s,
-            ) as route:
+            async with self.router.route_request(record, started, client_timeout_s) as route:
                 self._check_max_tokens(record, request)
                 gate = self._gate(record)
                 priority = record.config.priority if request.priority is None else request.priority
