@@ -40,18 +40,23 @@ HTTP_STATUS: dict[ErrorCode, int] = {
 }
 
 
-def error_response(exc: ServerError) -> Response:
-    """``{"error": message}`` with the code's status and, when retryable, Retry-After."""
+def error_headers(exc: ServerError) -> dict[str, str]:
+    """The headers of a JSON error answer: Retry-After when retryable, the auth scheme."""
     headers = {"content-type": "application/json"}
     if (retry_after := retry_after_value(exc)) is not None:
         headers["retry-after"] = retry_after
     if exc.code is ErrorCode.UNAUTHENTICATED:
         # RFC 6750: a 401 names the scheme the client should use.
         headers["www-authenticate"] = 'Bearer realm="modelyard"'
+    return headers
+
+
+def error_response(exc: ServerError) -> Response:
+    """``{"error": message}`` with the code's status and, when retryable, Retry-After."""
     return Response(
         orjson.dumps({"error": exc.message}),
         status_code=HTTP_STATUS[exc.code],
-        headers=headers,
+        headers=error_headers(exc),
     )
 
 
