@@ -72,13 +72,16 @@ def answer_error(exc: Exception, method: str, path: str) -> Response:
     return error_response(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
 
 
-def guarded(handler: Handler) -> Handler:
-    """``handler`` with every exception answered by :func:`answer_error`."""
+def guarded(
+    handler: Handler, answer: Callable[[Exception, str, str], Response] = answer_error
+) -> Handler:
+    """``handler`` with every exception answered by ``answer`` (:func:`answer_error`:
+    the v2 error body; the OpenAI routes pass theirs)."""
 
     async def wrapped(request: Request) -> Response:
         try:
             return await handler(request)
         except Exception as exc:  # the server must keep serving whatever happened
-            return answer_error(exc, request.method, request.url.path)
+            return answer(exc, request.method, request.url.path)
 
     return wrapped
