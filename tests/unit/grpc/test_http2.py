@@ -156,6 +156,17 @@ class RawClient:
             if kind == wire.HEADERS and flags & wire.END_STREAM:
                 return dict(self.decoder.decode(payload, raw=True))
 
+    async def goaway(self) -> int | None:
+        """Read frames until the server closes the connection; its last GOAWAY's code."""
+        code = None
+        try:
+            while True:
+                kind, _, _, payload = await self.frame()
+                if kind == wire.GOAWAY:
+                    code = wire.u32(payload, 4)
+        except asyncio.IncompleteReadError:
+            return code
+
     async def closed(self) -> bool:
         """Read (and drop) frames until the server closes the connection."""
         try:
@@ -273,14 +284,7 @@ async def test_a_frame_over_the_size_limit_closes_the_connection(serve: Serve) -
     _, port = await serve()
     client = await RawClient.open(port)
     client.writer.write(wire.FRAME_HEADER.pack(((1 << 24) - 1) << 8 | wire.DATA, 0, 1))
-    goaway = None
-    try:
-        while True:
-            kind, _, _, payload = await client.frame()
-            if kind == wire.GOAWAY:
-                goaway = wire.u32(payload, 4)
-    except asyncio.IncompleteReadError:
-        pass
+    goaway = await client.goaway()
     assert goaway == wire.FRAME_SIZE_ERROR
 
 
@@ -318,14 +322,7 @@ async def test_a_flood_of_reset_calls_closes_the_connection(serve: Serve) -> Non
         stream_id = 2 * i + 1
         client.call(stream_id, message)
         client.writer.write(wire.rst_stream(stream_id, wire.CANCEL))
-    goaway = None
-    try:
-        while True:
-            kind, _, _, payload = await client.frame()
-            if kind == wire.GOAWAY:
-                goaway = wire.u32(payload, 4)
-    except asyncio.IncompleteReadError:
-        pass
+    goaway = await client.goaway()
     assert goaway == wire.ENHANCE_YOUR_CALM
     # Other connections are served as before.
     plane.hang = False
