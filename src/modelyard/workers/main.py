@@ -233,18 +233,7 @@ def _serve_generation(channel: BlockingChannel, first: Load) -> int:
             elif isinstance(msg, Cancel):
                 runtime.cancel(msg.seq)
             elif isinstance(msg, StatsQuery):
-                st = runtime.stats()
-                sink.send(
-                    GenerationCounters(
-                        msg.seq,
-                        st.generated_tokens,
-                        st.prompt_tokens,
-                        st.active,
-                        st.kv_cache_bytes,
-                        st.context_length,
-                        st.parallel,
-                    )
-                )
+                sink.send(GenerationCounters(msg.seq, runtime.stats()))
     finally:
         runtime.close()
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import msgspec
 
 from modelyard.runtimes.base import RuntimeSpec, TensorSpec
-from modelyard.runtimes.generation import GenerationJob
+from modelyard.runtimes.generation import GenerationJob, GenerationStats
 
 MAX_MESSAGE_BYTES = 192 * 1024
 """Largest encoded message; one SOCK_SEQPACKET datagram must fit the socket buffer."""
@@ -141,12 +141,7 @@ class GenerationCounters(msgspec.Struct, frozen=True, array_like=True, tag="Q"):
     """Worker → server: the generative runtime's counters (answer to StatsQuery)."""
 
     seq: int
-    generated_tokens: int
-    prompt_tokens: int
-    active: int
-    kv_cache_bytes: int
-    context_length: int
-    parallel: int
+    stats: GenerationStats
 
 
 class Failed(msgspec.Struct, frozen=True, array_like=True, tag="f"):

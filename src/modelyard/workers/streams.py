@@ -149,11 +149,4 @@ class GenerationStreams:
             ) from None
         finally:
             self._queries.pop(seq, None)
-        return GenerationCounters(
-            generated_tokens=msg.generated_tokens,
-            prompt_tokens=msg.prompt_tokens,
-            active=msg.active,
-            kv_cache_bytes=msg.kv_cache_bytes,
-            context_length=msg.context_length,
-            parallel=msg.parallel,
-        )
+        return msg.stats
