@@ -13,7 +13,6 @@ import numpy as np
 
 from modelyard.config.devices import DeviceConfig
 from modelyard.config.model_config import ModelConfig
-from modelyard.config.settings import ServerSettings
 from modelyard.manager.devices import DeviceTable
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord, Replica, ReplicaState
@@ -23,6 +22,7 @@ from modelyard.scheduling import ModelScheduler, SchedulerConfig
 from modelyard.workers.instance import ModelInstance
 from tests.fakes.clock import FakeClock
 from tests.fakes.instance import FakeInstance
+from tests.unit.manager.settings import folder_settings
 
 MIB = 1024 * 1024
 
@@ -30,13 +30,7 @@ MIB = 1024 * 1024
 def make(
     tmp_path: Path, devices: list[DeviceConfig], models: dict[str, dict[str, Any]]
 ) -> tuple[ModelManager, FakeClock, list[FakeInstance]]:
-    for name in models:
-        (tmp_path / name / "1").mkdir(parents=True)
-    settings = ServerSettings(
-        model_repository=str(tmp_path),
-        devices=devices,
-        models=[ModelConfig(name=n, path=n, **fields) for n, fields in models.items()],
-    )
+    settings = folder_settings(tmp_path, devices, models)
     clock = FakeClock()
     made: list[FakeInstance] = []
 
