@@ -7,7 +7,6 @@ model's scheduler, and wraps the outputs. It never touches a worker directly.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
@@ -19,7 +18,6 @@ from modelyard.clock import Clock
 from modelyard.config.limits import LimitsConfig
 from modelyard.errors import (
     DeadlineExceededError,
-    ErrorCode,
     InvalidInputError,
     ModelNotReadyError,
     PayloadTooLargeError,
@@ -38,7 +36,7 @@ from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.router import Router, check_client_timeout
 from modelyard.manager.states import ModelState
-from modelyard.observability.metrics import OK, Metrics
+from modelyard.observability.metrics import OK, Metrics, outcome_code
 from modelyard.protocol.documents import json_object
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.protocol.limits import count_elements
@@ -225,14 +223,8 @@ class DataPlane:
         code: str = OK
         try:
             return await self._infer(record, request, started)
-        except ServerError as exc:
-            code = exc.code
-            raise
-        except asyncio.CancelledError:
-            code = ErrorCode.CANCELLED
-            raise
-        except Exception:
-            code = ErrorCode.INTERNAL
+        except BaseException as exc:
+            code = outcome_code(exc)
             raise
         finally:
             metrics.request_done(

@@ -17,17 +17,15 @@ from typing import Any
 from modelyard.clock import Clock
 from modelyard.errors import (
     DeadlineExceededError,
-    ErrorCode,
     InternalError,
     InvalidInputError,
     ModelNotReadyError,
-    ServerError,
 )
 from modelyard.manager.llm_memory import context_length_of
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelKey, ModelRecord
 from modelyard.manager.router import Router, check_client_timeout
-from modelyard.observability.metrics import OK, Metrics
+from modelyard.observability.metrics import OK, Metrics, outcome_code
 from modelyard.protocol.generate import (
     BROWNOUT_KEY,
     SAMPLING_KEYS,
@@ -210,14 +208,8 @@ class Generation:
                                 return
                     finally:
                         await stream.aclose()  # early: cancels generation in the worker
-        except ServerError as exc:
-            code = exc.code
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
-            code = ErrorCode.CANCELLED
-            raise
-        except Exception:
-            code = ErrorCode.INTERNAL
+        except BaseException as exc:
+            code = outcome_code(exc)
             raise
         finally:
             if metrics is not None:
