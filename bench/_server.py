@@ -42,6 +42,34 @@ def arg_parser(doc: str | None) -> argparse.ArgumentParser:
     )
 
 
+def add_load_point_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    concurrency: str,
+    duration_s: float,
+    warmup_s: float,
+    quick: tuple[float, float],
+) -> None:
+    """The arguments of a bench that measures load points (concurrency levels), each for
+    ``--duration-s`` after ``--warmup-s``, ``--repeats`` times; ``--quick``: one repeat of
+    ``quick`` (duration, warm-up) seconds (see :func:`quick_load_points`)."""
+    parser.add_argument("--quick", action="store_true", help=f"{quick[0]:g} s per point, 1 repeat")
+    parser.add_argument("--concurrency", default=concurrency, help="levels (%(default)s)")
+    parser.add_argument("--duration-s", type=float, default=duration_s, help="measured s per point")
+    parser.add_argument("--warmup-s", type=float, default=warmup_s, help="warm-up s per point")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats (%(default)s)")
+    parser.set_defaults(quick_points=quick)
+
+
+def quick_load_points(args: argparse.Namespace) -> None:
+    """With ``--quick``: the quick duration and warm-up, one repeat."""
+    # Not a user's argument: kept out of the ``args`` a bench writes with its results.
+    quick = vars(args).pop("quick_points")
+    if args.quick:
+        args.duration_s, args.warmup_s = quick
+        args.repeats = 1
+
+
 def install_uvloop() -> None:
     """Use uvloop for the client's event loop when it is installed, as the server does."""
     try:

@@ -240,15 +240,14 @@ def report(rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = _server.arg_parser(__doc__)
-    parser.add_argument("--quick", action="store_true", help="2 s per point, 1 repeat")
-    parser.add_argument("--concurrency", default="1,8,32", help="levels (%(default)s)")
-    parser.add_argument("--duration-s", type=float, default=6.0, help="measured s per point")
-    parser.add_argument("--warmup-s", type=float, default=2.0, help="warm-up s per point")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats (%(default)s)")
+    _server.add_load_point_arguments(
+        parser, concurrency="1,8,32", duration_s=6.0, warmup_s=2.0, quick=(2.0, 1.0)
+    )
     parser.add_argument("--tune-s", type=float, default=3.0, help="s per tuning point")
     args = parser.parse_args()
+    _server.quick_load_points(args)
     if args.quick:
-        args.duration_s, args.warmup_s, args.repeats, args.tune_s = 2.0, 1.0, 1, 1.5
+        args.tune_s = 1.5
     _server.install_uvloop()
     env = _server.environment()
     started = time.time()

@@ -217,17 +217,14 @@ def report(rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = _server.arg_parser(__doc__)
-    parser.add_argument("--quick", action="store_true", help="2 s per point, 1 repeat")
-    parser.add_argument("--concurrency", default="1,50", help="levels (%(default)s)")
+    _server.add_load_point_arguments(
+        parser, concurrency="1,50", duration_s=5.0, warmup_s=1.0, quick=(2.0, 0.5)
+    )
     parser.add_argument("--engines", default=",".join(ENGINES), help="(%(default)s)")
     parser.add_argument("--grpc-clients", default="raw", help="raw and/or grpcio (%(default)s)")
     parser.add_argument("--models", type=int, default=4, help="how many of the models (4)")
-    parser.add_argument("--duration-s", type=float, default=5.0, help="measured s per point")
-    parser.add_argument("--warmup-s", type=float, default=1.0, help="warm-up s per point")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats (%(default)s)")
     args = parser.parse_args()
-    if args.quick:
-        args.duration_s, args.warmup_s, args.repeats = 2.0, 0.5, 1
+    _server.quick_load_points(args)
     for engine in args.engines.split(","):
         if engine not in ENGINES:
             parser.error(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")

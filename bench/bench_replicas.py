@@ -177,14 +177,11 @@ def report(rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = _server.arg_parser(__doc__)
-    parser.add_argument("--quick", action="store_true", help="3 s per point, 1 repeat")
-    parser.add_argument("--concurrency", default="4,16", help="levels (%(default)s)")
-    parser.add_argument("--duration-s", type=float, default=8.0, help="measured s per point")
-    parser.add_argument("--warmup-s", type=float, default=2.0, help="warm-up s per point")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats (%(default)s)")
+    _server.add_load_point_arguments(
+        parser, concurrency="4,16", duration_s=8.0, warmup_s=2.0, quick=(3.0, 1.0)
+    )
     args = parser.parse_args()
-    if args.quick:
-        args.duration_s, args.warmup_s, args.repeats = 3.0, 1.0, 1
+    _server.quick_load_points(args)
     _server.install_uvloop()
     env = _server.environment()
     started = time.time()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from modelyard.manager.records import ModelRecord
 from modelyard.observability.nvml import open_nvml
 
 
@@ -28,6 +29,17 @@ def gpu_missing() -> str:
             "(install the 'gpu' extra: onnxruntime-gpu)"
         )
     return ""
+
+
+def worker_gpu_bytes(record: ModelRecord) -> int:
+    """What NVML reports ``record``'s worker process holds on GPU 0 (asserted present)."""
+    nvml, _ = open_nvml()
+    assert nvml is not None
+    assert record.info is not None
+    assert record.info.pid is not None
+    on_gpu = nvml.process_memory_bytes(0).get(record.info.pid)
+    assert on_gpu is not None
+    return on_gpu
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from modelyard.examples.mlp import build_mlp_onnx
 from modelyard.observability.nvml import open_nvml
+from tests.gpu.conftest import worker_gpu_bytes
 from tests.servers import running_server, write_config
 
 pytestmark = pytest.mark.gpu
@@ -61,12 +62,7 @@ async def test_a_model_is_placed_on_the_gpu_and_measured_there(gpu_root: Path) -
         assert placed
         assert placed[0].startswith("cuda:0: fits in free budget")
         # The footprint is the worker's device memory as NVML reports it per process.
-        nvml, _ = open_nvml()
-        assert nvml is not None
-        assert record.info is not None
-        assert record.info.pid is not None
-        on_gpu = nvml.process_memory_bytes(0).get(record.info.pid)
-        assert on_gpu is not None
+        on_gpu = worker_gpu_bytes(record)
         assert on_gpu > 0
         assert record.measured_bytes is not None
         assert record.measured_bytes > 0

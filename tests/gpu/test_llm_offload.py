@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from modelyard.examples.gguf_llama import LlamaShape, write_llama_gguf
-from modelyard.observability.nvml import open_nvml
+from tests.gpu.conftest import worker_gpu_bytes
 from tests.servers import running_server, write_config
 
 pytestmark = pytest.mark.gpu
@@ -59,12 +59,7 @@ async def test_a_gguf_bigger_than_the_gpu_budget_loads_with_partial_offload(
         assert plan is not None
         assert 0 < plan.gpu_layers < SHAPE.layers, plan.reason
         assert app.manager.budget.reserved("cpu", record.key) == plan.host_bytes > 0
-        nvml, _ = open_nvml()
-        assert nvml is not None
-        assert record.info is not None
-        assert record.info.pid is not None
-        on_gpu = nvml.process_memory_bytes(0).get(record.info.pid)
-        assert on_gpu is not None
+        on_gpu = worker_gpu_bytes(record)
         assert 0 < on_gpu <= GPU_BUDGET_MB * MIB
         gpu = app.manager.budget.device("cuda:0")
         assert gpu.reserved_bytes <= gpu.budget_bytes

@@ -67,3 +67,19 @@ def python_model(name: str, cls: str, **fields: object) -> dict[str, object]:
     """Config entry of a fault model copied into the repository by ``model_root``."""
     module = name.replace("-", "_") + "_model"
     return {"name": name, "path": name, "runtime": "python", "class": f"{module}:{cls}", **fields}
+
+
+@pytest.fixture(scope="module")
+def llm_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two tiny GGUF llamas (``llama-a``, ``llama-b``) for the generation tests."""
+    from tests.integration.llm_models import build_llm_repository
+
+    return build_llm_repository(tmp_path_factory.mktemp("llm"))
+
+
+@pytest.fixture(scope="module")
+def expected(llm_root: Path) -> list[int]:
+    """``N_TOKENS`` greedy tokens of llama-cpp-python itself on ``llama-a`` and ``PROMPT``."""
+    from tests.integration.llm_models import N_TOKENS, PROMPT, reference_tokens
+
+    return reference_tokens(llm_root / "llama-a" / "1" / "model.gguf", PROMPT, N_TOKENS)

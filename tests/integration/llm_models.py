@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from modelyard.examples.gguf_llama import LlamaShape, write_llama_gguf
+from modelyard.protocol.generate import GenerateRequest, SamplingParams
 
 TINY = LlamaShape(layers=2, width=128, feed_forward=256, heads=4, kv_heads=2, merges=200)
 """About 1 MB: fast enough for every test; the example sizes are in ``SHAPES``."""
@@ -13,6 +14,8 @@ OTHER = LlamaShape(layers=3, width=128, feed_forward=256, heads=4, kv_heads=2, m
 
 N_CTX = 256
 PROMPT = "The quick brown fox jumps over the lazy dog. A model server keeps"
+N_TOKENS = 24
+"""Greedy tokens the ``expected`` fixture (tests/integration/conftest.py) holds."""
 
 
 def build_llm_repository(root: Path) -> Path:
@@ -34,6 +37,17 @@ def llm_model(name: str, **fields: Any) -> dict[str, Any]:
         "generation": generation,
         **fields,
     }
+
+
+def greedy_request(max_tokens: int | None) -> GenerateRequest:
+    """``PROMPT`` to ``llama-a``, greedy (so its text is :func:`reference_tokens`')."""
+    return GenerateRequest(
+        model="llama-a",
+        version=None,
+        prompt=PROMPT,
+        messages=None,
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0),
+    )
 
 
 def reference_tokens(path: Path, prompt: str, n: int) -> list[int]:

@@ -23,10 +23,10 @@ from modelyard.errors import InvalidInputError, WorkerCrashedError
 from modelyard.protocol.generate import ChatMessage, GenerateRequest, SamplingParams
 from tests.integration.llm_models import (
     N_CTX,
+    N_TOKENS,
     PROMPT,
-    build_llm_repository,
+    greedy_request,
     llm_model,
-    reference_tokens,
 )
 from tests.polling import wait_until
 from tests.servers import running_server, write_config
@@ -34,32 +34,10 @@ from tests.servers import running_server, write_config
 pytest.importorskip("llama_cpp", reason="the llm extra runs GGUF models")
 pytest.importorskip("gguf", reason="the llm extra writes the test models")
 
-N_TOKENS = 24
-
-
-@pytest.fixture(scope="module")
-def llm_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_llm_repository(tmp_path_factory.mktemp("llm"))
-
-
-@pytest.fixture(scope="module")
-def expected(llm_root: Path) -> list[int]:
-    return reference_tokens(llm_root / "llama-a" / "1" / "model.gguf", PROMPT, N_TOKENS)
-
 
 def _config(root: Path, *models: dict[str, object], budget_mb: float = 1024) -> Path:
     return write_config(
         root, list(models), devices=[{"name": "cpu", "memory_budget_mb": budget_mb}]
-    )
-
-
-def _request(max_tokens: int) -> GenerateRequest:
-    return GenerateRequest(
-        model="llama-a",
-        version=None,
-        prompt=PROMPT,
-        messages=None,
-        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0),
     )
 
 
@@ -71,7 +49,7 @@ async def test_greedy_output_equals_llama_cpp_in_process(
         # The data plane: token ids, streamed as produced.
         ids: list[int] = []
         chunks = 0
-        async for chunk in app.dataplane.generate(_request(N_TOKENS)):
+        async for chunk in app.dataplane.generate(greedy_request(N_TOKENS)):
             ids += chunk.token_ids
             chunks += 1
             last = chunk
@@ -186,7 +164,7 @@ async def test_bad_generate_requests_get_typed_errors(llm_root: Path) -> None:
         assert r.status_code == 400
         assert f"more than the context of {N_CTX} tokens" in r.json()["error"]
         with pytest.raises(InvalidInputError, match="tokens per sequence"):
-            async for _ in app.dataplane.generate(_request(N_CTX)):
+            async for _ in app.dataplane.generate(greedy_request(N_CTX)):
                 pass
         # The server kept serving.
         r = await client.post(
@@ -275,7 +253,7 @@ async def test_worker_killed_mid_stream_ends_with_error_event(llm_root: Path) ->
 
 
 async def _kill_after_first_chunk(app: App) -> None:
-    async for _ in app.dataplane.generate(_request(4000)):
+    async for _ in app.dataplane.generate(greedy_request(4000)):
         record = app.manager.resolve("llama-a", None)
         assert record.info is not None
         assert record.info.pid is not None
@@ -324,7 +302,7 @@ async def test_parallel_streams_share_the_model(llm_root: Path, expected: list[i
 
         async def one() -> list[int]:
             ids: list[int] = []
-            async for chunk in app.dataplane.generate(_request(N_TOKENS)):
+            async for chunk in app.dataplane.generate(greedy_request(N_TOKENS)):
                 ids += chunk.token_ids
             return ids
 

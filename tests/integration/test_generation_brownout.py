@@ -18,13 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
-from modelyard.protocol.generate import GenerateChunk, GenerateRequest, SamplingParams
+from modelyard.protocol.generate import GenerateChunk
 from tests.integration.llm_models import (
     N_CTX,
+    N_TOKENS,
     PROMPT,
-    build_llm_repository,
+    greedy_request,
     llm_model,
-    reference_tokens,
 )
 from tests.polling import wait_until
 from tests.servers import running_server, write_config
@@ -32,30 +32,9 @@ from tests.servers import running_server, write_config
 pytest.importorskip("llama_cpp", reason="the llm extra runs GGUF models")
 pytest.importorskip("gguf", reason="the llm extra writes the test models")
 
-N_TOKENS = 24
 CAP = 6
 ASKED = 200
 """What the overloaded requests ask for: far more than the cap, within the context."""
-
-
-@pytest.fixture(scope="module")
-def llm_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_llm_repository(tmp_path_factory.mktemp("llm"))
-
-
-@pytest.fixture(scope="module")
-def expected(llm_root: Path) -> list[int]:
-    return reference_tokens(llm_root / "llama-a" / "1" / "model.gguf", PROMPT, N_TOKENS)
-
-
-def _request(max_tokens: int | None) -> GenerateRequest:
-    return GenerateRequest(
-        model="llama-a",
-        version=None,
-        prompt=PROMPT,
-        messages=None,
-        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0),
-    )
 
 
 def _body(max_tokens: int) -> dict[str, Any]:
@@ -108,7 +87,7 @@ async def test_overloaded_generations_are_capped_and_marked(
         assert r.json()["text_output"].startswith(capped_text)
 
         # Hold the only slot: the stream's first chunk taken, the rest left unread.
-        holder = app.dataplane.generate(_request(N_TOKENS))
+        holder = app.dataplane.generate(greedy_request(N_TOKENS))
         first = await anext(holder)
         gate = app.dataplane.generation.generation_gate("llama-a", "1")
         assert gate is not None
@@ -124,7 +103,7 @@ async def test_overloaded_generations_are_capped_and_marked(
             )
         )
         stream = asyncio.create_task(_sse(client, _body(ASKED)))
-        direct = asyncio.create_task(_chunks(app.dataplane.generate(_request(None))))
+        direct = asyncio.create_task(_chunks(app.dataplane.generate(greedy_request(None))))
         await wait_until(lambda: gate.queued == 4, what="four requests queued behind it")
 
         # The holder arrived at an idle model: uncapped, unmarked.

@@ -50,6 +50,19 @@ def ready_replicas(record: ModelRecord) -> list[Any]:
     return [r for r in record.replicas if r.state is ReplicaState.READY]
 
 
+def faulty_config(model_root: Path, replicas: dict[str, Any]) -> Path:
+    """A config serving the ``faulty`` model (100 MB) with ``replicas`` over both cores."""
+    model = python_model(
+        "faulty",
+        "FaultyModel",
+        devices=["cpu:0", "cpu:1"],
+        replicas=replicas,
+        max_batch_size=0,
+        memory_mb=100,
+    )
+    return write_config(model_root, [model], devices=DEVICES)
+
+
 def assert_within_budgets(app: App) -> None:
     for dev in app.manager.budget.devices.values():
         assert dev.reserved_bytes <= dev.budget_bytes, dev.name
@@ -59,15 +72,7 @@ def assert_within_budgets(app: App) -> None:
 async def test_a_replica_is_added_under_load_and_removed_when_idle(model_root: Path) -> None:
     replicas = {"min": 1, "max": 2, "target_queue_depth": 1, "scale_up_after_s": 0.2}
     replicas["scale_down_idle_s"] = 1.0
-    model = python_model(
-        "faulty",
-        "FaultyModel",
-        devices=["cpu:0", "cpu:1"],
-        replicas=replicas,
-        max_batch_size=0,
-        memory_mb=100,
-    )
-    config = write_config(model_root, [model], devices=DEVICES)
+    config = faulty_config(model_root, replicas)
     async with running_server(config) as (app, client):
         assert (await client.post("/v2/models/faulty/infer", json=body(0.5))).status_code == 200
         record = app.manager.resolve("faulty", None)
@@ -114,15 +119,7 @@ async def test_a_replica_is_added_under_load_and_removed_when_idle(model_root: P
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", ["extra", "first"])
 async def test_killing_one_replicas_worker_fails_no_request(model_root: Path, victim: str) -> None:
-    model = python_model(
-        "faulty",
-        "FaultyModel",
-        devices=["cpu:0", "cpu:1"],
-        replicas={"min": 2, "max": 2},
-        max_batch_size=0,
-        memory_mb=100,
-    )
-    config = write_config(model_root, [model], devices=DEVICES)
+    config = faulty_config(model_root, {"min": 2, "max": 2})
     async with running_server(config) as (app, client):
         assert (await client.post("/v2/models/faulty/infer", json=body(0.5))).status_code == 200
         record = app.manager.resolve("faulty", None)

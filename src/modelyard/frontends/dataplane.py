@@ -7,7 +7,6 @@ model's scheduler, and wraps the outputs. It never touches a worker directly.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
@@ -19,7 +18,6 @@ from modelyard.clock import Clock
 from modelyard.config.limits import LimitsConfig
 from modelyard.errors import (
     DeadlineExceededError,
-    ErrorCode,
     InvalidInputError,
     ModelNotReadyError,
     PayloadTooLargeError,
@@ -36,9 +34,9 @@ from modelyard.manager.fallback import (
 )
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord
-from modelyard.manager.router import Router
+from modelyard.manager.router import Router, check_client_timeout
 from modelyard.manager.states import ModelState
-from modelyard.observability.metrics import OK, Metrics
+from modelyard.observability.metrics import OK, Metrics, outcome_code
 from modelyard.protocol.documents import json_object
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.protocol.limits import count_elements
@@ -225,14 +223,8 @@ class DataPlane:
         code: str = OK
         try:
             return await self._infer(record, request, started)
-        except ServerError as exc:
-            code = exc.code
-            raise
-        except asyncio.CancelledError:
-            code = ErrorCode.CANCELLED
-            raise
-        except Exception:
-            code = ErrorCode.INTERNAL
+        except BaseException as exc:
+            code = outcome_code(exc)
             raise
         finally:
             metrics.request_done(
@@ -318,15 +310,8 @@ class DataPlane:
     async def _infer_on(
         self, record: ModelRecord, request: InferRequest, started: float
     ) -> InferResponse:
-        client_timeout_s = request.timeout_s
-        if client_timeout_s is not None and client_timeout_s <= 0:
-            raise InvalidInputError("'timeout' must be positive")
-        async with self.router.route(
-            record,
-            started=started,
-            timeout_s=record.config.timeout_s,
-            client_timeout_s=client_timeout_s,
-        ) as route:
+        client_timeout_s = check_client_timeout(request.timeout_s)
+        async with self.router.route_request(record, started, client_timeout_s) as route:
             inputs = validate_inputs(record, request, route.info.inputs)
             outputs = await route.scheduler.submit(
                 inputs, priority=request.priority, deadline=route.deadline

@@ -17,17 +17,15 @@ from typing import Any
 from modelyard.clock import Clock
 from modelyard.errors import (
     DeadlineExceededError,
-    ErrorCode,
     InternalError,
     InvalidInputError,
     ModelNotReadyError,
-    ServerError,
 )
 from modelyard.manager.llm_memory import context_length_of
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelKey, ModelRecord
-from modelyard.manager.router import Router
-from modelyard.observability.metrics import OK, Metrics
+from modelyard.manager.router import Router, check_client_timeout
+from modelyard.observability.metrics import OK, Metrics, outcome_code
 from modelyard.protocol.generate import (
     BROWNOUT_KEY,
     SAMPLING_KEYS,
@@ -169,21 +167,14 @@ class Generation:
                 f"{record.config.runtime!r}); use the inference API"
             )
         check_generate_request(request)
-        client_timeout_s = request.timeout_s
-        if client_timeout_s is not None and client_timeout_s <= 0:
-            raise InvalidInputError("'timeout' must be positive")
+        client_timeout_s = check_client_timeout(request.timeout_s)
         self._check_max_tokens(record, request)
         metrics = self.metrics
         code: str = OK
         first_at: float | None = None
         last: GenerateChunk | None = None
         try:
-            async with self.router.route(
-                record,
-                started=started,
-                timeout_s=record.config.timeout_s,
-                client_timeout_s=client_timeout_s,
-            ) as route:
+            async with self.router.route_request(record, started, client_timeout_s) as route:
                 self._check_max_tokens(record, request)
                 gate = self._gate(record)
                 priority = record.config.priority if request.priority is None else request.priority
@@ -217,14 +208,8 @@ class Generation:
                                 return
                     finally:
                         await stream.aclose()  # early: cancels generation in the worker
-        except ServerError as exc:
-            code = exc.code
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
-            code = ErrorCode.CANCELLED
-            raise
-        except Exception:
-            code = ErrorCode.INTERNAL
+        except BaseException as exc:
+            code = outcome_code(exc)
             raise
         finally:
             if metrics is not None:

@@ -167,20 +167,35 @@ class Admission:
             and r.config.priority >= loader.config.priority
         ]
 
-    def spare_replicas(self, loader: ModelRecord, device: str) -> list[tuple[ModelRecord, Replica]]:
-        """Extra replicas on ``device`` that a load of ``loader`` may stop, idlest first.
+    def spare_replicas(
+        self,
+        loader: ModelRecord,
+        device: str,
+        missing: int,
+        files: list[SharedFile],
+        leaving: list[Holder],
+    ) -> tuple[list[tuple[ModelRecord, Replica]], list[Holder]]:
+        """Extra replicas on ``device`` that a load of ``loader`` stops, idlest first, until
+        they and ``leaving`` free ``missing`` bytes (or run out); with the holders then gone.
 
         Any model's spare replica of no higher priority qualifies (a pin keeps the model
         loaded, not its spare capacity); the loader's own replicas do not.
         """
-        spares = [
+        ready = [
             (r, rep)
             for r in self.records()
             if r is not loader and r.config.priority >= loader.config.priority
             for rep in r.replicas
             if rep.device == device and rep.state is ReplicaState.READY
         ]
-        return sorted(spares, key=lambda p: (p[1].pending > 0, p[1].last_busy))
+        spares: list[tuple[ModelRecord, Replica]] = []
+        keys = list(leaving)
+        for owner, replica in sorted(ready, key=lambda p: (p[1].pending > 0, p[1].last_busy)):
+            if self.budget.freed_by(device, keys, files) >= missing:
+                break
+            spares.append((owner, replica))
+            keys.append(replica.key)
+        return spares, keys
 
     def holders(self, record: ModelRecord, device: str) -> list[Holder]:
         """The reservations evicting ``record`` gives back on ``device``."""
@@ -320,13 +335,7 @@ class Admission:
         order, hot models last (see :meth:`victims`). None when even all of them would
         not do. What placement costs a device by; a load itself follows :meth:`_plan`.
         """
-        spares: list[tuple[ModelRecord, Replica]] = []
-        keys = list(leaving)
-        for owner, replica in self.spare_replicas(record, device):
-            if self.budget.freed_by(device, keys, files) >= missing:
-                break
-            spares.append((owner, replica))
-            keys.append(replica.key)
+        spares, keys = self.spare_replicas(record, device, missing, files, leaving)
         victims = self.victims(record, missing, files, keys, device=device, hot=self.hot())
         return None if victims is None else (spares, victims)
 
@@ -358,13 +367,7 @@ class Admission:
         3. else hot models too, the least demanded first;
         4. else, if models still loading could make room, wait; otherwise refuse.
         """
-        spares: list[tuple[ModelRecord, Replica]] = []
-        keys = list(leaving)
-        for owner, replica in self.spare_replicas(record, device):
-            if self.budget.freed_by(device, keys, files) >= missing:
-                break
-            spares.append((owner, replica))
-            keys.append(replica.key)
+        spares, keys = self.spare_replicas(record, device, missing, files, leaving)
         if self.budget.freed_by(device, keys, files) >= missing:
             return spares, [], None
         hot = self.hot()

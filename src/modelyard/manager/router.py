@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 
 from modelyard.clock import Clock
-from modelyard.errors import ModelNotReadyError
+from modelyard.errors import InvalidInputError, ModelNotReadyError
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord, Replica
 from modelyard.scheduling.scheduler import ModelScheduler
@@ -47,6 +47,13 @@ class Route:
     deadline: float
     """On the router's clock: the model's ``timeout_s`` from the request's start,
     extended by the time spent waiting for a load, never past the client's deadline."""
+
+
+def check_client_timeout(timeout_s: float | None) -> float | None:
+    """A request's own timeout, refused unless positive (None: the client set none)."""
+    if timeout_s is not None and timeout_s <= 0:
+        raise InvalidInputError("'timeout' must be positive")
+    return timeout_s
 
 
 class Router:
@@ -84,6 +91,17 @@ class Router:
     def resolve(self, name: str, version: str | None) -> ModelRecord:
         """The record serving ``name`` at ``version`` (a version, an alias, or the default)."""
         return self.manager.resolve(name, version)
+
+    def route_request(
+        self, record: ModelRecord, started: float, client_timeout_s: float | None
+    ) -> AbstractAsyncContextManager[Route]:
+        """:meth:`route` for a request: the model's ``timeout_s``, capped by the client's."""
+        return self.route(
+            record,
+            started=started,
+            timeout_s=record.config.timeout_s,
+            client_timeout_s=client_timeout_s,
+        )
 
     @asynccontextmanager
     async def route(

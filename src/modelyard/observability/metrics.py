@@ -22,6 +22,7 @@ the per-second figures the dashboard draws. The scrape-time collector is in
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 
 from modelyard.clock import Clock, MonotonicClock
+from modelyard.errors import ErrorCode, ServerError
 from modelyard.observability.collector import ManagerCollector
 from modelyard.observability.traffic import RecentTraffic
 
@@ -42,6 +44,18 @@ log = logging.getLogger("modelyard.metrics")
 
 OK = "ok"
 """The ``code`` of a request that succeeded; failures use their ``ErrorCode`` value."""
+
+
+def outcome_code(exc: BaseException) -> str:
+    """The ``code`` a request that ended by raising ``exc`` is counted under."""
+    if isinstance(exc, ServerError):
+        return exc.code
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        return ErrorCode.CANCELLED  # the client left (a stream closed early)
+    if isinstance(exc, Exception):
+        return ErrorCode.INTERNAL
+    return OK
+
 
 LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,

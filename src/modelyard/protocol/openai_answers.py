@@ -108,76 +108,71 @@ def embeddings_answer(
     }
 
 
+def _envelope(
+    answer_id: str,
+    kind: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    counts: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """The fields every completion answer and chunk shares, in OpenAI's order."""
+    body: dict[str, Any] = {
+        "id": answer_id,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+    if counts is not None:
+        body["usage"] = counts
+    return body
+
+
+def _text_choice(text: str, finish: str | None) -> dict[str, Any]:
+    return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+
+
 def completion_answer(
     answer_id: str, created: int, model: str, text: str, finish: str | None, counts: dict[str, int]
 ) -> dict[str, Any]:
     """``POST /v1/completions`` without ``stream``."""
-    return {
-        "id": answer_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
-        "usage": counts,
-    }
+    return _envelope(
+        answer_id, "text_completion", created, model, [_text_choice(text, finish)], counts
+    )
 
 
 def chat_answer(
     answer_id: str, created: int, model: str, text: str, finish: str | None, counts: dict[str, int]
 ) -> dict[str, Any]:
     """``POST /v1/chat/completions`` without ``stream``."""
-    return {
-        "id": answer_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-        ],
-        "usage": counts,
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": None,
+        "finish_reason": finish,
     }
+    return _envelope(answer_id, "chat.completion", created, model, [choice], counts)
 
 
 def completion_chunk(
     answer_id: str, created: int, model: str, text: str, finish: str | None
 ) -> dict[str, Any]:
     """One server-sent event of a streamed ``/v1/completions``."""
-    return {
-        "id": answer_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
-    }
+    return _envelope(answer_id, "text_completion", created, model, [_text_choice(text, finish)])
 
 
 def chat_chunk(
     answer_id: str, created: int, model: str, delta: dict[str, str], finish: str | None
 ) -> dict[str, Any]:
     """One server-sent event of a streamed ``/v1/chat/completions``."""
-    return {
-        "id": answer_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-    }
+    choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return _envelope(answer_id, "chat.completion.chunk", created, model, [choice])
 
 
 def usage_chunk(
     answer_id: str, created: int, model: str, chat: bool, counts: dict[str, int]
 ) -> dict[str, Any]:
     """The last event when ``stream_options.include_usage``: no choices, the counts."""
-    return {
-        "id": answer_id,
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [],
-        "usage": counts,
-    }
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return _envelope(answer_id, kind, created, model, [], counts)

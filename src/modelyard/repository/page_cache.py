@@ -10,6 +10,7 @@ the reverse (benchmarks use it for a cold cache). Blocking calls: run them in a 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 _CHUNK = 8 * 1024 * 1024
@@ -23,6 +24,25 @@ def _files(path: Path) -> list[Path]:
     return [p for p in sorted(path.rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
 
 
+def _each_file(path: Path, act: Callable[[int], object]) -> int:
+    """Call ``act`` on an open descriptor of every file under ``path``; the bytes of the
+    files it did not fail on (unreadable files and failures are skipped)."""
+    total = 0
+    for p in _files(path):
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            act(fd)
+            total += os.fstat(fd).st_size
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return total
+
+
 def warm(path: Path, *, read: bool = True) -> int:
     """Read every file under ``path`` into the page cache; the bytes asked for.
 
@@ -31,26 +51,16 @@ def warm(path: Path, *, read: bool = True) -> int:
     readahead window (a few MiB of a 200 MB file, measured), so reading is what makes
     the whole file resident. Blocking: call it in a thread. Unreadable files are skipped.
     """
-    total = 0
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    for p in _files(path):
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            if hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            if read:
-                while os.readv(fd, [view]):
-                    pass
-            total += os.fstat(fd).st_size
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-    return total
+    view = memoryview(bytearray(_CHUNK))
+
+    def load(fd: int) -> None:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        if read:
+            while os.readv(fd, [view]):
+                pass
+
+    return _each_file(path, load)
 
 
 def drop(path: Path) -> int:
@@ -61,21 +71,12 @@ def drop(path: Path) -> int:
     """
     if not hasattr(os, "posix_fadvise"):
         return 0
-    total = 0
-    for p in _files(path):
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            total += os.fstat(fd).st_size
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-    return total
+
+    def evict(fd: int) -> None:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    return _each_file(path, evict)
 
 
 def resident_fraction(path: Path) -> float | None:

@@ -13,8 +13,6 @@ at temperature 0, else top-k, top-p, temperature and a seeded draw.
 from __future__ import annotations
 
 import inspect
-import queue
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,32 +21,29 @@ from modelyard.protocol.generate import FINISH_LENGTH, FINISH_STOP
 from modelyard.runtimes.base import RuntimeSpec
 from modelyard.runtimes.generation import (
     GenerationJob,
-    GenerationSink,
     GenerationStats,
     check_context,
     int_option,
 )
+from modelyard.runtimes.generation_thread import GenerationThread
 from modelyard.runtimes.textstream import TextStream
 
 
-class CausalLMRuntime:
+class CausalLMRuntime(GenerationThread):
     """A ``transformers`` causal LM with a dedicated generation thread."""
 
+    _thread_name = "hf-generate"
+
     def __init__(self) -> None:
+        super().__init__()
         self._torch: Any = None
         self._model: Any = None
         self._tokenizer: Any = None
         self._n_ctx = 0
         self._eos: set[int] = set()
-        self._sink: GenerationSink | None = None
-        self._inbox: queue.SimpleQueue[GenerationJob | None] = queue.SimpleQueue()
-        self._cancelled: set[int] = set()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
         self._generated = 0
         self._prompt_tokens = 0
         self._active = 0
-        self._closed = False
         self._cache_arg = "past_key_values"
 
     @property
@@ -86,21 +81,6 @@ class CausalLMRuntime:
         bos = self._tokenizer.bos_token_id
         return int(bos) if bos is not None else 0
 
-    def start(self, sink: GenerationSink) -> None:
-        """Start the generation thread."""
-        self._sink = sink
-        self._thread = threading.Thread(target=self._run, name="hf-generate", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: GenerationJob) -> None:
-        """Queue ``job``."""
-        self._inbox.put(job)
-
-    def cancel(self, seq: int) -> None:
-        """Stop job ``seq`` at its next token."""
-        with self._lock:
-            self._cancelled.add(seq)
-
     def stats(self) -> GenerationStats:
         """Counters now; the KV cache grows with the sequence, so 0 is reported."""
         return GenerationStats(
@@ -109,10 +89,7 @@ class CausalLMRuntime:
 
     def close(self) -> None:
         """Stop the thread."""
-        self._closed = True
-        self._inbox.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._stop_thread()
 
     def _is_cancelled(self, seq: int) -> bool:
         with self._lock:
@@ -135,10 +112,6 @@ class CausalLMRuntime:
                 self._fail(job.seq, InternalError(f"generation failed: {exc}"))
             finally:
                 self._active = 0
-
-    def _fail(self, seq: int, exc: ServerError) -> None:
-        if self._sink is not None:
-            self._sink.failed(seq, exc.code.value, exc.message)
 
     def _prompt(self, job: GenerationJob) -> list[int]:
         tok = self._tokenizer

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import queue
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,11 +29,11 @@ from modelyard.runtimes.base import RuntimeSpec, find_model_file
 from modelyard.runtimes.chat_template import compile_chat_template
 from modelyard.runtimes.generation import (
     GenerationJob,
-    GenerationSink,
     GenerationStats,
     check_context,
     int_option,
 )
+from modelyard.runtimes.generation_thread import GenerationThread
 from modelyard.runtimes.textstream import TextStream
 
 DEFAULT_MAX_CONTEXT = 4096
@@ -100,10 +99,14 @@ class _Sequence:
     pending_ids: list[int] = field(default_factory=list)
 
 
-class LlamaCppRuntime:
+class LlamaCppRuntime(GenerationThread):
     """A GGUF model served by llama.cpp with parallel sequences (see the module doc)."""
 
+    _thread_name = "llama-generate"
+    _wake_on_cancel = True  # the loop blocks on the inbox only when idle
+
     def __init__(self) -> None:
+        super().__init__()
         self._llama: Any = None
         self._model: Any = None
         self._ctx: Any = None
@@ -116,16 +119,10 @@ class LlamaCppRuntime:
         self._parallel = 1
         self._n_batch = 512
         self._kv_bytes = 0
-        self._sink: GenerationSink | None = None
-        self._inbox: queue.SimpleQueue[GenerationJob | None] = queue.SimpleQueue()
-        self._cancelled: set[int] = set()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
         self._waiting: list[GenerationJob] = []
         self._active: dict[int, _Sequence] = {}
         self._generated = 0
         self._prompt_tokens = 0
-        self._closed = False
 
     # ------------------------------------------------------------------ load
 
@@ -196,22 +193,6 @@ class LlamaCppRuntime:
 
     # ------------------------------------------------------------------ jobs
 
-    def start(self, sink: GenerationSink) -> None:
-        """Start the generation thread."""
-        self._sink = sink
-        self._thread = threading.Thread(target=self._run, name="llama-generate", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: GenerationJob) -> None:
-        """Queue ``job`` for the generation thread."""
-        self._inbox.put(job)
-
-    def cancel(self, seq: int) -> None:
-        """Stop job ``seq`` at the thread's next step."""
-        with self._lock:
-            self._cancelled.add(seq)
-        self._inbox.put(None)  # wake the thread if it is idle
-
     def stats(self) -> GenerationStats:
         """Counters: tokens generated, prompt tokens, active jobs, KV-cache bytes."""
         return GenerationStats(
@@ -225,10 +206,7 @@ class LlamaCppRuntime:
 
     def close(self) -> None:
         """Stop the thread, then free the context and the model."""
-        self._closed = True
-        self._inbox.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._stop_thread()
         llama = self._llama
         if llama is None:
             return
@@ -359,10 +337,6 @@ class LlamaCppRuntime:
     def _report(self, s: _Sequence, text: str, ids: list[int], finish: str | None) -> None:
         if self._sink is not None:
             self._sink.chunk(s.job.seq, text, ids, finish, len(s.prompt), s.generated)
-
-    def _fail(self, seq: int, exc: ServerError) -> None:
-        if self._sink is not None:
-            self._sink.failed(seq, exc.code.value, exc.message)
 
     def _end(self, s: _Sequence) -> None:
         llama = self._llama

@@ -182,6 +182,14 @@ def parse_smaps_sample(text: str, paths: Collection[str]) -> tuple[MemorySample,
     return MemorySample(rss, uss, pss, swap), mapped
 
 
+def _read_smaps(pid: int, proc_root: Path) -> str:
+    """``pid``'s full ``smaps``; psutil.NoSuchProcess once it has gone."""
+    try:
+        return (proc_root / str(pid) / "smaps").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        raise psutil.NoSuchProcess(pid) from None
+
+
 def sample_with_mapped(
     pid: int, paths: Collection[str], proc_root: Path = Path("/proc")
 ) -> tuple[MemorySample, int]:
@@ -191,12 +199,7 @@ def sample_with_mapped(
 
     Blocking: call it from a thread on the server's event loop.
     """
-    try:
-        text = (proc_root / str(pid) / "smaps").read_text()
-    except FileNotFoundError:
-        raise psutil.NoSuchProcess(pid) from None
-    except ProcessLookupError:
-        raise psutil.NoSuchProcess(pid) from None
+    text = _read_smaps(pid, proc_root)
     return parse_smaps_sample(text, set(paths))
 
 
@@ -207,10 +210,5 @@ def mapped_private_bytes(
 
     Blocking (reads ``smaps``): call it from a thread on the server's event loop.
     """
-    try:
-        text = (proc_root / str(pid) / "smaps").read_text()
-    except FileNotFoundError:
-        raise psutil.NoSuchProcess(pid) from None
-    except ProcessLookupError:
-        raise psutil.NoSuchProcess(pid) from None
+    text = _read_smaps(pid, proc_root)
     return parse_mapped_private(text, set(paths))

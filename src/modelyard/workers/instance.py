@@ -15,6 +15,7 @@ import numpy as np
 
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.runtimes.base import RuntimeSpec, TensorSpec
+from modelyard.runtimes.generation import GenerationStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,18 +75,9 @@ class ModelInstance(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class GenerationCounters:
-    """A generative worker's own counters, read from the worker itself."""
-
-    generated_tokens: int
-    """Tokens the worker sampled since it loaded (cancelled streams included): the
-    figure that shows a cancelled stream really stopped."""
-    prompt_tokens: int
-    active: int
-    kv_cache_bytes: int
-    context_length: int
-    parallel: int
+GenerationCounters = GenerationStats
+"""A generative worker's own counters, read from the worker itself (``generated_tokens``
+counts cancelled streams too: the figure that shows a cancelled stream really stopped)."""
 
 
 @runtime_checkable

@@ -36,7 +36,6 @@ from modelyard.runtimes import (
     create_runtime,
 )
 from modelyard.runtimes.errors import classify_runtime_error
-from modelyard.runtimes.generation import GenerationJob
 from modelyard.runtimes.warmup import make_warmup_inputs
 from modelyard.workers.channel import BlockingChannel, ChannelClosedError, SharedRegion
 from modelyard.workers.device import enter_device
@@ -230,34 +229,11 @@ def _serve_generation(channel: BlockingChannel, first: Load) -> int:
             if msg is None or isinstance(msg, Stop):
                 return 0
             if isinstance(msg, Generate):
-                runtime.submit(
-                    GenerationJob(
-                        msg.seq,
-                        msg.prompt,
-                        msg.messages,
-                        msg.max_tokens,
-                        msg.temperature,
-                        msg.top_p,
-                        msg.top_k,
-                        msg.seed,
-                        msg.stop,
-                    )
-                )
+                runtime.submit(msg.job)
             elif isinstance(msg, Cancel):
                 runtime.cancel(msg.seq)
             elif isinstance(msg, StatsQuery):
-                st = runtime.stats()
-                sink.send(
-                    GenerationCounters(
-                        msg.seq,
-                        st.generated_tokens,
-                        st.prompt_tokens,
-                        st.active,
-                        st.kv_cache_bytes,
-                        st.context_length,
-                        st.parallel,
-                    )
-                )
+                sink.send(GenerationCounters(msg.seq, runtime.stats()))
     finally:
         runtime.close()
 

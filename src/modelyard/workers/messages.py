@@ -15,6 +15,7 @@ from __future__ import annotations
 import msgspec
 
 from modelyard.runtimes.base import RuntimeSpec, TensorSpec
+from modelyard.runtimes.generation import GenerationJob, GenerationStats
 
 MAX_MESSAGE_BYTES = 192 * 1024
 """Largest encoded message; one SOCK_SEQPACKET datagram must fit the socket buffer."""
@@ -107,17 +108,9 @@ class InferDone(msgspec.Struct, frozen=True, array_like=True, tag="d"):
 
 
 class Generate(msgspec.Struct, frozen=True, array_like=True, tag="g"):
-    """Server → worker: generate text for a generative model's job ``seq``."""
+    """Server → worker: generate text for a generative model's job (``job.seq``)."""
 
-    seq: int
-    prompt: str | None
-    messages: tuple[tuple[str, str], ...] | None
-    max_tokens: int | None
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int | None
-    stop: tuple[str, ...]
+    job: GenerationJob
 
 
 class Chunk(msgspec.Struct, frozen=True, array_like=True, tag="c"):
@@ -148,12 +141,7 @@ class GenerationCounters(msgspec.Struct, frozen=True, array_like=True, tag="Q"):
     """Worker → server: the generative runtime's counters (answer to StatsQuery)."""
 
     seq: int
-    generated_tokens: int
-    prompt_tokens: int
-    active: int
-    kv_cache_bytes: int
-    context_length: int
-    parallel: int
+    stats: GenerationStats
 
 
 class Failed(msgspec.Struct, frozen=True, array_like=True, tag="f"):

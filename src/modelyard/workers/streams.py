@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator, Callable
 
 from modelyard.errors import DeadlineExceededError, ServerError
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
+from modelyard.runtimes.generation import GenerationJob
 from modelyard.workers.exits import rebuild_error
 from modelyard.workers.instance import GenerationCounters
 from modelyard.workers.messages import (
@@ -96,15 +97,17 @@ class GenerationStreams:
         try:
             self._send(
                 Generate(
-                    seq,
-                    request.prompt,
-                    messages,
-                    s.max_tokens,
-                    float(s.temperature),
-                    float(s.top_p),
-                    s.top_k,
-                    s.seed,
-                    s.stop,
+                    GenerationJob(
+                        seq,
+                        request.prompt,
+                        messages,
+                        s.max_tokens,
+                        float(s.temperature),
+                        float(s.top_p),
+                        s.top_k,
+                        s.seed,
+                        s.stop,
+                    )
                 )
             )
             while True:
@@ -146,11 +149,4 @@ class GenerationStreams:
             ) from None
         finally:
             self._queries.pop(seq, None)
-        return GenerationCounters(
-            generated_tokens=msg.generated_tokens,
-            prompt_tokens=msg.prompt_tokens,
-            active=msg.active,
-            kv_cache_bytes=msg.kv_cache_bytes,
-            context_length=msg.context_length,
-            parallel=msg.parallel,
-        )
+        return msg.stats

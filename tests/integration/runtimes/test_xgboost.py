@@ -12,10 +12,9 @@ xgboost = pytest.importorskip("xgboost", reason="needs the xgboost extra (CI ins
 
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris  # noqa: E402
 
-from modelyard.repository.layout import guess_runtime  # noqa: E402
+from tests.integration.runtimes.boosters import Built, check_inline, train_boosters  # noqa: E402
 from tests.integration.runtimes.served import (  # noqa: E402
     infer,
-    load_inline,
     serving,
     tensor,
     tensors_of,
@@ -31,43 +30,23 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def boosters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, np.ndarray, Path]]:
+def boosters(tmp_path_factory: pytest.TempPathFactory) -> Built:
     """Each case trained on scikit-learn's bundled data and saved with ``save_model``."""
-    root = tmp_path_factory.mktemp("xgb")
-    built: dict[str, tuple[Any, np.ndarray, Path]] = {}
-    for name, (loader, kind, file_name) in CASES.items():
-        x, y = loader(return_X_y=True)
-        cls = xgboost.XGBClassifier if kind == "classifier" else xgboost.XGBRegressor
-        est = cls(n_estimators=8, max_depth=3, n_jobs=1).fit(x, y)
-        folder = root / name / "1"
-        folder.mkdir(parents=True)
-        est.save_model(folder / file_name)
-        built[name] = (est, x[:16].astype(np.float32), root / name)
-    return built
+    estimators = {"classifier": xgboost.XGBClassifier, "regressor": xgboost.XGBRegressor}
+
+    def save(est: Any, path: Path) -> None:
+        est.save_model(path)
+
+    return train_boosters(tmp_path_factory.mktemp("xgb"), CASES, estimators, save)
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_outputs_equal_xgboost_predictions(
-    boosters: dict[str, tuple[Any, np.ndarray, Path]], case: str
-) -> None:
-    est, x, model_dir = boosters[case]
-    runtime = load_inline("xgboost", model_dir / "1")
-    out = runtime.infer({"input": x})
-    assert [t.name for t in runtime.inputs] == ["input"]
-    assert runtime.inputs[0].shape == (-1, x.shape[1])
-    np.testing.assert_array_equal(out["predict"], est.predict(x))
-    if CASES[case][1] == "classifier":
-        np.testing.assert_allclose(out["predict_proba"], est.predict_proba(x), rtol=1e-6)
-        assert runtime.outputs[1].shape == (-1, est.predict_proba(x).shape[1])
-    else:
-        assert [t.name for t in runtime.outputs] == ["predict"]
-    assert guess_runtime(model_dir) == "xgboost"
+def test_outputs_equal_xgboost_predictions(boosters: Built, case: str) -> None:
+    check_inline("xgboost", boosters, case, CASES[case][1])
 
 
 @pytest.mark.slow  # a server and a worker importing the library: several seconds
-async def test_served_booster_answers_like_xgboost(
-    boosters: dict[str, tuple[Any, np.ndarray, Path]], tmp_path: Path
-) -> None:
+async def test_served_booster_answers_like_xgboost(boosters: Built, tmp_path: Path) -> None:
     est, x, model_dir = boosters["multiclass-json"]
     models = [{"name": "iris-xgb", "path": model_dir.name, "runtime": "xgboost"}]
     async with serving(model_dir.parent, models, tmp_path) as (app, client):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -134,12 +135,10 @@ async def factory() -> AsyncIterator[WorkerFactory]:
 Starter = Callable[..., Awaitable[ProcessInstance]]
 
 
-@pytest.fixture
-async def start_instance(factory: WorkerFactory) -> AsyncIterator[Starter]:
-    """``await start_instance(spec, memory_limit_bytes=None)``: a started instance.
-
-    At teardown every instance is stopped and its process must be gone.
-    """
+@contextlib.asynccontextmanager
+async def instances_on(factory: WorkerFactory) -> AsyncIterator[Starter]:
+    """A starter of instances on ``factory`` (or the ``on`` it is given); on exit every
+    instance is stopped and its process must be gone."""
     started: list[ProcessInstance] = []
 
     async def start(
@@ -155,6 +154,16 @@ async def start_instance(factory: WorkerFactory) -> AsyncIterator[Starter]:
         await instance.stop()
     for instance in started:
         assert instance.pid is None or is_gone(instance.pid), f"{instance.pid} outlived stop()"
+
+
+@pytest.fixture
+async def start_instance(factory: WorkerFactory) -> AsyncIterator[Starter]:
+    """``await start_instance(spec, memory_limit_bytes=None)``: a started instance.
+
+    At teardown every instance is stopped and its process must be gone.
+    """
+    async with instances_on(factory) as start:
+        yield start
 
 
 def is_gone(pid: int) -> bool:

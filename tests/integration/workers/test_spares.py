@@ -16,14 +16,11 @@ import numpy as np
 import psutil
 import pytest
 
-from modelyard.runtimes.base import RuntimeSpec
 from modelyard.workers.factory import WorkerFactory
-from modelyard.workers.instance import StartRequest
 from modelyard.workers.limits import Cgroup1Limiter, Cgroup2Limiter
-from modelyard.workers.process import ProcessInstance
 from tests.polling import wait_until
 
-from .conftest import TEST_FACTORY_CONFIG, Starter, is_gone, onnx_spec
+from .conftest import TEST_FACTORY_CONFIG, Starter, instances_on, is_gone, onnx_spec
 
 MIB = 1024 * 1024
 READY_S = 10.0
@@ -42,18 +39,8 @@ async def spared() -> AsyncIterator[WorkerFactory]:
 @pytest.fixture
 async def start_on_spared(spared: WorkerFactory) -> AsyncIterator[Starter]:
     """``start_instance`` on ``spared`` (without starting a second factory)."""
-    started: list[ProcessInstance] = []
-
-    async def start(spec: RuntimeSpec, memory_limit_bytes: int | None = None) -> ProcessInstance:
-        instance = ProcessInstance(spared)
-        started.append(instance)
-        await instance.start(StartRequest(spec, memory_limit_bytes=memory_limit_bytes))
-        return instance
-
-    yield start
-    for instance in started:
-        await instance.stop()
-        assert instance.pid is None or is_gone(instance.pid)
+    async with instances_on(spared) as start:
+        yield start
 
 
 async def _one_spare(factory: WorkerFactory) -> int:

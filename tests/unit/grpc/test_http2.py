@@ -122,14 +122,22 @@ class RawClient:
         writer.write(wire.PREFACE + wire.settings_frame(settings or {}))
         return cls(reader, writer)
 
-    def call(self, stream_id: int, message: bytes) -> None:
+    def call(
+        self,
+        stream_id: int,
+        message: bytes,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+        compressed: bool = False,
+    ) -> None:
+        """A ModelInfer call: its headers (and ``headers`` after them), one message."""
         block = (
             b"\x83\x86"  # :method POST, :scheme http
             + wire.literal(b":path", INFER)
             + wire.literal(b":authority", b"test")
             + wire.literal(b"content-type", b"application/grpc")
+            + b"".join(wire.literal(name, value) for name, value in headers)
         )
-        data = b"\x00" + len(message).to_bytes(4, "big") + message
+        data = (b"\x01" if compressed else b"\x00") + len(message).to_bytes(4, "big") + message
         self.writer.write(
             wire.frame(wire.HEADERS, wire.END_HEADERS, stream_id, block)
             + wire.frame(wire.DATA, wire.END_STREAM, stream_id, data)
@@ -140,6 +148,24 @@ class RawClient:
         word, flags, stream_id = wire.FRAME_HEADER.unpack(head)
         payload = await self.reader.readexactly(word >> 8)
         return word & 0xFF, flags, stream_id, payload
+
+    async def trailers(self) -> dict[bytes, bytes]:
+        """Read frames until a stream's trailers; those."""
+        while True:
+            kind, flags, _, payload = await self.frame()
+            if kind == wire.HEADERS and flags & wire.END_STREAM:
+                return dict(self.decoder.decode(payload, raw=True))
+
+    async def goaway(self) -> int | None:
+        """Read frames until the server closes the connection; its last GOAWAY's code."""
+        code = None
+        try:
+            while True:
+                kind, _, _, payload = await self.frame()
+                if kind == wire.GOAWAY:
+                    code = wire.u32(payload, 4)
+        except asyncio.IncompleteReadError:
+            return code
 
     async def closed(self) -> bool:
         """Read (and drop) frames until the server closes the connection."""
@@ -205,24 +231,8 @@ async def test_the_server_ends_a_call_at_its_deadline(serve: Serve) -> None:
     plane, port = await serve()
     plane.hang = True
     client = await RawClient.open(port)
-    block = (
-        b"\x83\x86"
-        + wire.literal(b":path", INFER)
-        + wire.literal(b":authority", b"test")
-        + wire.literal(b"content-type", b"application/grpc")
-        + wire.literal(b"grpc-timeout", b"200m")
-    )
-    message = _request().SerializeToString()
-    data = b"\x00" + len(message).to_bytes(4, "big") + message
-    client.writer.write(
-        wire.frame(wire.HEADERS, wire.END_HEADERS, 1, block)
-        + wire.frame(wire.DATA, wire.END_STREAM, 1, data)
-    )
-    while True:
-        kind, flags, _, payload = await client.frame()
-        if kind == wire.HEADERS and flags & wire.END_STREAM:
-            trailers = dict(client.decoder.decode(payload, raw=True))
-            break
+    client.call(1, _request().SerializeToString(), ((b"grpc-timeout", b"200m"),))
+    trailers = await client.trailers()
     # The servicer's own timeout or the transport's, whichever fires: DEADLINE_EXCEEDED.
     assert trailers[b"grpc-status"] == b"4"
     assert plane.cancelled.is_set(), "the work went on past the deadline"
@@ -274,14 +284,7 @@ async def test_a_frame_over_the_size_limit_closes_the_connection(serve: Serve) -
     _, port = await serve()
     client = await RawClient.open(port)
     client.writer.write(wire.FRAME_HEADER.pack(((1 << 24) - 1) << 8 | wire.DATA, 0, 1))
-    goaway = None
-    try:
-        while True:
-            kind, _, _, payload = await client.frame()
-            if kind == wire.GOAWAY:
-                goaway = wire.u32(payload, 4)
-    except asyncio.IncompleteReadError:
-        pass
+    goaway = await client.goaway()
     assert goaway == wire.FRAME_SIZE_ERROR
 
 
@@ -304,23 +307,8 @@ async def test_gzip_compressed_calls_are_inflated_within_the_limit(serve: Serve)
     # 64 MiB of zeros compresses to ~64 kB: refused once it inflates past the 16 MiB limit.
     client = await RawClient.open(port)
     bomb = zlib.compress(bytes(64 << 20))
-    block = (
-        b"\x83\x86"
-        + wire.literal(b":path", INFER)
-        + wire.literal(b":authority", b"test")
-        + wire.literal(b"content-type", b"application/grpc")
-        + wire.literal(b"grpc-encoding", b"deflate")
-    )
-    data = b"\x01" + len(bomb).to_bytes(4, "big") + bomb
-    client.writer.write(
-        wire.frame(wire.HEADERS, wire.END_HEADERS, 1, block)
-        + wire.frame(wire.DATA, wire.END_STREAM, 1, data)
-    )
-    while True:
-        kind, flags, _, payload = await client.frame()
-        if kind == wire.HEADERS and flags & wire.END_STREAM:
-            trailers = dict(client.decoder.decode(payload, raw=True))
-            break
+    client.call(1, bomb, ((b"grpc-encoding", b"deflate"),), compressed=True)
+    trailers = await client.trailers()
     assert trailers[b"grpc-status"] == b"8"  # RESOURCE_EXHAUSTED
     client.close()
 
@@ -334,14 +322,7 @@ async def test_a_flood_of_reset_calls_closes_the_connection(serve: Serve) -> Non
         stream_id = 2 * i + 1
         client.call(stream_id, message)
         client.writer.write(wire.rst_stream(stream_id, wire.CANCEL))
-    goaway = None
-    try:
-        while True:
-            kind, _, _, payload = await client.frame()
-            if kind == wire.GOAWAY:
-                goaway = wire.u32(payload, 4)
-    except asyncio.IncompleteReadError:
-        pass
+    goaway = await client.goaway()
     assert goaway == wire.ENHANCE_YOUR_CALM
     # Other connections are served as before.
     plane.hang = False

@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 
 from modelyard.config.model_config import ModelConfig
-from modelyard.config.settings import DeviceConfig, ServerSettings
+from modelyard.config.settings import DeviceConfig
 from modelyard.errors import MemoryBudgetError, ModelLoadError, ModelNotReadyError
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.states import ModelState
 from tests.fakes.clock import FakeClock
 from tests.fakes.instance import FakeInstance
+from tests.unit.manager.settings import folder_settings
 
 MIB = 1024 * 1024
 
@@ -60,12 +61,8 @@ async def started(factory: Factory, count: int) -> FakeInstance:
 def make_manager(
     tmp_path: Path, models: dict[str, dict[str, Any]], budget_mb: float = 100
 ) -> tuple[ModelManager, Factory, FakeClock]:
-    for name in models:
-        (tmp_path / name / "1").mkdir(parents=True)
-    settings = ServerSettings(
-        model_repository=str(tmp_path),
-        devices=[DeviceConfig(name="cpu", memory_budget_mb=budget_mb)],
-        models=[ModelConfig(name=n, path=n, **fields) for n, fields in models.items()],
+    settings = folder_settings(
+        tmp_path, [DeviceConfig(name="cpu", memory_budget_mb=budget_mb)], models
     )
     factory = Factory()
     clock = FakeClock()

@@ -13,7 +13,6 @@ import pytest
 
 from modelyard.config.devices import DeviceConfig
 from modelyard.config.model_config import ModelConfig
-from modelyard.config.settings import ServerSettings
 from modelyard.errors import MemoryBudgetError, ModelLoadError
 from modelyard.manager.devices import DeviceTable
 from modelyard.manager.manager import ModelManager
@@ -23,6 +22,7 @@ from modelyard.workers.instance import InstanceInfo, StartRequest
 from tests.fakes.clock import FakeClock
 from tests.fakes.instance import FakeInstance
 from tests.fakes.nvml import GIB, FakeGpu, FakeNvml
+from tests.unit.manager.settings import folder_settings
 
 MIB = 1024 * 1024
 
@@ -49,13 +49,7 @@ def make(
     models: dict[str, dict[str, Any]],
     nvml: Nvml | None = None,
 ) -> tuple[ModelManager, list[StartRequest]]:
-    for name in models:
-        (tmp_path / name / "1").mkdir(parents=True)
-    settings = ServerSettings(
-        model_repository=str(tmp_path),
-        devices=devices,
-        models=[ModelConfig(name=n, path=n, **fields) for n, fields in models.items()],
-    )
+    settings = folder_settings(tmp_path, devices, models)
     table = DeviceTable(
         settings.devices,
         nvml_opener=lambda: (nvml, "" if nvml else "no NVIDIA driver answers"),

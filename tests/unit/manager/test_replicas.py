@@ -13,7 +13,6 @@ import numpy as np
 
 from modelyard.config.devices import DeviceConfig
 from modelyard.config.model_config import ModelConfig
-from modelyard.config.settings import ServerSettings
 from modelyard.manager.devices import DeviceTable
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord, Replica, ReplicaState
@@ -23,6 +22,7 @@ from modelyard.scheduling import ModelScheduler, SchedulerConfig
 from modelyard.workers.instance import ModelInstance
 from tests.fakes.clock import FakeClock
 from tests.fakes.instance import FakeInstance
+from tests.unit.manager.settings import folder_settings
 
 MIB = 1024 * 1024
 
@@ -30,13 +30,7 @@ MIB = 1024 * 1024
 def make(
     tmp_path: Path, devices: list[DeviceConfig], models: dict[str, dict[str, Any]]
 ) -> tuple[ModelManager, FakeClock, list[FakeInstance]]:
-    for name in models:
-        (tmp_path / name / "1").mkdir(parents=True)
-    settings = ServerSettings(
-        model_repository=str(tmp_path),
-        devices=devices,
-        models=[ModelConfig(name=n, path=n, **fields) for n, fields in models.items()],
-    )
+    settings = folder_settings(tmp_path, devices, models)
     clock = FakeClock()
     made: list[FakeInstance] = []
 
@@ -100,18 +94,32 @@ TWO_SETS = [
 ]
 
 
+async def two_replicas(
+    tmp_path: Path, memory_mb: int = 10
+) -> tuple[ModelManager, FakeClock, list[FakeInstance], ModelRecord]:
+    """Model ``m`` (min and max 2 replicas) loaded on cpu:0, its replica ready on cpu:1."""
+    manager, clock, made = make(
+        tmp_path,
+        TWO_SETS,
+        {
+            "m": {
+                "memory_mb": memory_mb,
+                "devices": ["cpu:0", "cpu:1"],
+                "replicas": {"min": 2, "max": 2},
+            }
+        },
+    )
+    record = await manager.load("m")
+    manager.scaler.tick()
+    await until(lambda: len(ready_replicas(record)) == 1)
+    return manager, clock, made, record
+
+
 async def test_min_replicas_start_on_another_device_with_their_own_reservation(
     tmp_path: Path,
 ) -> None:
-    manager, _, _ = make(
-        tmp_path,
-        TWO_SETS,
-        {"m": {"memory_mb": 30, "devices": ["cpu:0", "cpu:1"], "replicas": {"min": 2, "max": 2}}},
-    )
-    record = await manager.load("m")
+    manager, _, _, record = await two_replicas(tmp_path, memory_mb=30)
     assert record.device == "cpu:0"
-    manager.scaler.tick()
-    await until(lambda: len(ready_replicas(record)) == 1)
     [replica] = record.replicas
     assert replica.device == "cpu:1", "replicas spread over the allowed devices"
     assert manager.budget.reserved("cpu:1", replica.key) == 30 * MIB
@@ -185,14 +193,7 @@ async def test_a_load_under_pressure_stops_spare_replicas_before_whole_models(
 
 
 async def test_requests_go_to_the_less_loaded_replica_ties_to_the_oldest(tmp_path: Path) -> None:
-    manager, clock, _ = make(
-        tmp_path,
-        TWO_SETS,
-        {"m": {"memory_mb": 10, "devices": ["cpu:0", "cpu:1"], "replicas": {"min": 2, "max": 2}}},
-    )
-    record = await manager.load("m")
-    manager.scaler.tick()
-    await until(lambda: len(ready_replicas(record)) == 1)
+    manager, clock, _, record = await two_replicas(tmp_path)
     router = Router(manager)
     [replica] = record.replicas
     assert all(router.pick(record) is None for _ in range(20)), "a tie: the first replica"
@@ -210,14 +211,7 @@ async def test_requests_go_to_the_less_loaded_replica_ties_to_the_oldest(tmp_pat
 
 
 async def test_a_dead_replica_is_dropped_and_its_memory_given_back(tmp_path: Path) -> None:
-    manager, _, made = make(
-        tmp_path,
-        TWO_SETS,
-        {"m": {"memory_mb": 10, "devices": ["cpu:0", "cpu:1"], "replicas": {"min": 2, "max": 2}}},
-    )
-    record = await manager.load("m")
-    manager.scaler.tick()
-    await until(lambda: len(ready_replicas(record)) == 1)
+    manager, _, made, record = await two_replicas(tmp_path)
     made[-1].crash("SIGKILL")
     await until(lambda: record.replicas == [])
     assert manager.budget.device("cpu:1").reserved_bytes == 0

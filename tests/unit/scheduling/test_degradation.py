@@ -71,55 +71,40 @@ def test_estimate_none_before_any_measurement() -> None:
     assert estimate is None
 
 
-def test_estimate_counts_full_batches_the_rest_and_the_running_call() -> None:
+@pytest.mark.parametrize(
+    ("running_rows", "elapsed_s", "rows_ahead", "batch_cap", "concurrency", "expected"),
+    [
+        # 9 rows: two full batches of 4 (0.25 s each) and one of 1 (0.1 s), after the
+        # running call's 0.20 s left (it takes 0.25 s, 0.05 s have passed).
+        pytest.param(4, 0.05, 8, 4, 1, 0.20 + 2 * 0.25 + 0.1, id="full-batches-rest-running"),
+        # A free slot does not wait for the running call; concurrency divides the rest.
+        pytest.param(4, 0.0, 7, 4, 2, 2 * 0.25 / 2, id="free-slot-concurrency-divides"),
+        # A call running past its expected time counts as ending now.
+        pytest.param(1, 5.0, 0, 1, 1, 0.1, id="overdue-call-ends-now"),
+    ],
+)
+def test_estimate_counts_batches_ahead_and_the_running_calls(
+    running_rows: int,
+    elapsed_s: float,
+    rows_ahead: int,
+    batch_cap: int,
+    concurrency: int,
+    expected: float,
+) -> None:
     clock = FakeClock()
     service = _measured(clock)
-    running = [RunningCall(started=clock.monotonic(), rows=4)]
-    clock.advance(0.05)  # the running call of 0.25 s has 0.20 s left
+    running = [RunningCall(started=clock.monotonic(), rows=running_rows)]
+    clock.advance(elapsed_s)
     estimate = estimate_latency_s(
         service,
         now=clock.monotonic(),
-        rows_ahead=8,
+        rows_ahead=rows_ahead,
         own_rows=1,
-        batch_cap=4,
-        concurrency=1,
+        batch_cap=batch_cap,
+        concurrency=concurrency,
         running=running,
     )
-    # 9 rows: two full batches of 4 (0.25 s each) and one of 1 (0.1 s), after 0.20 s.
-    assert estimate == pytest.approx(0.20 + 2 * 0.25 + 0.1)
-
-
-def test_estimate_free_slot_does_not_wait_and_concurrency_divides() -> None:
-    clock = FakeClock()
-    service = _measured(clock)
-    running = [RunningCall(started=clock.monotonic(), rows=4)]
-    estimate = estimate_latency_s(
-        service,
-        now=clock.monotonic(),
-        rows_ahead=7,
-        own_rows=1,
-        batch_cap=4,
-        concurrency=2,
-        running=running,
-    )
-    assert estimate == pytest.approx(2 * 0.25 / 2)
-
-
-def test_estimate_overdue_call_counts_as_ending_now() -> None:
-    clock = FakeClock()
-    service = _measured(clock)
-    running = [RunningCall(started=clock.monotonic(), rows=1)]
-    clock.advance(5.0)
-    estimate = estimate_latency_s(
-        service,
-        now=clock.monotonic(),
-        rows_ahead=0,
-        own_rows=1,
-        batch_cap=1,
-        concurrency=1,
-        running=running,
-    )
-    assert estimate == pytest.approx(0.1)
+    assert estimate == pytest.approx(expected)
 
 
 # ------------------------------------------------------------------ the rule

@@ -40,18 +40,23 @@ HTTP_STATUS: dict[ErrorCode, int] = {
 }
 
 
-def error_response(exc: ServerError) -> Response:
-    """``{"error": message}`` with the code's status and, when retryable, Retry-After."""
+def error_headers(exc: ServerError) -> dict[str, str]:
+    """The headers of a JSON error answer: Retry-After when retryable, the auth scheme."""
     headers = {"content-type": "application/json"}
     if (retry_after := retry_after_value(exc)) is not None:
         headers["retry-after"] = retry_after
     if exc.code is ErrorCode.UNAUTHENTICATED:
         # RFC 6750: a 401 names the scheme the client should use.
         headers["www-authenticate"] = 'Bearer realm="modelyard"'
+    return headers
+
+
+def error_response(exc: ServerError) -> Response:
+    """``{"error": message}`` with the code's status and, when retryable, Retry-After."""
     return Response(
         orjson.dumps({"error": exc.message}),
         status_code=HTTP_STATUS[exc.code],
-        headers=headers,
+        headers=error_headers(exc),
     )
 
 
@@ -67,13 +72,16 @@ def answer_error(exc: Exception, method: str, path: str) -> Response:
     return error_response(InternalError(f"internal error: {type(exc).__name__}: {exc}"))
 
 
-def guarded(handler: Handler) -> Handler:
-    """``handler`` with every exception answered by :func:`answer_error`."""
+def guarded(
+    handler: Handler, answer: Callable[[Exception, str, str], Response] = answer_error
+) -> Handler:
+    """``handler`` with every exception answered by ``answer`` (:func:`answer_error`:
+    the v2 error body; the OpenAI routes pass theirs)."""
 
     async def wrapped(request: Request) -> Response:
         try:
             return await handler(request)
         except Exception as exc:  # the server must keep serving whatever happened
-            return answer_error(exc, request.method, request.url.path)
+            return answer(exc, request.method, request.url.path)
 
     return wrapped

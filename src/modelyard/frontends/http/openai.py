@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 from modelyard.errors import InternalError, ServerError
 from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.bodies import declared_length, json_response, read_body
+from modelyard.frontends.http.errors import guarded
 from modelyard.frontends.http.fastpath import unless_disconnected
 from modelyard.frontends.http.openai_errors import openai_error_response
 from modelyard.frontends.openai_plane import GenerateBody, OpenAIPlane
@@ -43,13 +44,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 def _guarded(handler: Handler) -> Handler:
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except Exception as exc:  # the server must keep serving whatever happened
-            return openai_error_response(exc, request.method, request.url.path)
-
-    return wrapped
+    return guarded(handler, openai_error_response)
 
 
 class EventStream(Response):

@@ -12,8 +12,8 @@ import logging
 import orjson
 from starlette.responses import Response
 
-from modelyard.errors import ErrorCode, InternalError, ServerError, retry_after_value
-from modelyard.frontends.http.errors import HTTP_STATUS, error_response
+from modelyard.errors import InternalError, ServerError
+from modelyard.frontends.http.errors import HTTP_STATUS, error_headers, error_response
 from modelyard.protocol.openai_answers import error_object
 
 log = logging.getLogger("modelyard.http")
@@ -40,11 +40,8 @@ def openai_error_response(exc: Exception, method: str = "", path: str = "") -> R
     if not isinstance(exc, ServerError):
         log.error("unhandled error in %s %s", method, path, exc_info=exc)
         exc = InternalError(f"internal error: {type(exc).__name__}: {exc}")
-    headers = {"content-type": "application/json"}
-    if (retry_after := retry_after_value(exc)) is not None:
-        headers["retry-after"] = retry_after
-    if exc.code is ErrorCode.UNAUTHENTICATED:
-        headers["www-authenticate"] = 'Bearer realm="modelyard"'
     return Response(
-        orjson.dumps(error_object(exc)), status_code=HTTP_STATUS[exc.code], headers=headers
+        orjson.dumps(error_object(exc)),
+        status_code=HTTP_STATUS[exc.code],
+        headers=error_headers(exc),
     )
