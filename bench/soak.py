@@ -182,6 +182,11 @@ def sample(server_pid: int, t0: float) -> Sample:
     )
 
 
+def _settled(s: Sample) -> tuple[int, ...]:
+    """What must hold still for a sample to be a baseline."""
+    return (s.workers, s.tree_fds, s.server_fds, s.memfds, s.shm_files)
+
+
 def build_models(repo: Path, seed: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """20 MLPs of 1-6 MiB of weights; every fourth maps its weights (``share_weights``)."""
     rng = np.random.default_rng(seed)
@@ -373,7 +378,16 @@ class Soak:
         """Unload everything, let the server settle, sample it."""
         await self.unload_all()
         await asyncio.sleep(SETTLE_S)
-        return await asyncio.to_thread(sample, self.server.pid, self.t0)
+        # The spare worker forked after the last claim may still be starting (its
+        # descriptors come and go): sample until the tree holds still, two samples alike.
+        last = await asyncio.to_thread(sample, self.server.pid, self.t0)
+        for _ in range(20):
+            await asyncio.sleep(0.5)
+            now = await asyncio.to_thread(sample, self.server.pid, self.t0)
+            if _settled(last) == _settled(now):
+                return now
+            last = now
+        return last
 
     async def run(self) -> dict[str, Any]:
         start = await asyncio.to_thread(sample, self.server.pid, self.t0)

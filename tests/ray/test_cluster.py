@@ -116,7 +116,17 @@ async def test_two_ingresses_share_one_set_of_workers(
     assert named_actors() == []
 
 
-_TYPED_503 = ("died", "not ready", "is loading", "restarting", "was lost")
+# "doesn't exist any more": a restart sent to the node in the moment it died, before the
+# node table said so, is refused by Ray's scheduler; that load fails with a 503 and the
+# model is placed again on a live node (the test checks it recovers).
+_TYPED_503 = (
+    "died",
+    "not ready",
+    "is loading",
+    "restarting",
+    "was lost",
+    "doesn't exist any more",
+)
 
 
 async def test_node_killed_under_load(cluster: LocalCluster, add_root: Path) -> None:
@@ -177,7 +187,14 @@ async def test_node_killed_under_load(cluster: LocalCluster, add_root: Path) -> 
         events = [(e.kind, e.model, e.message) for e in app.manager.events.recent(200)]
         assert ("node_lost", "(cluster)", "node b was lost") in events
         moved = {name for kind, name, _ in events if kind == "moved"}
-        assert moved == set(on_b), [e for e in events if e[1] != "add-1"]
+        assert moved <= set(on_b), [e for e in events if e[1] != "add-1"]
+        # Every model of b is logged leaving it: "moved", or, for a restart sent to b in
+        # the moment it died (refused by Ray's scheduler, a failed load), "placed" on a
+        # live node by the load that followed.
+        placed_away = {
+            name for kind, name, msg in events if kind == "placed" and not msg.startswith("b/")
+        }
+        assert set(on_b) <= moved | placed_away, [e for e in events if e[1] != "add-1"]
         check_budgets(app)
         assert not app.manager.devices["b/cpu"].is_usable
         r = await client.get("/v2/health/ready")
