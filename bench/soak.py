@@ -88,6 +88,8 @@ class Sample:
     server_threads: int
     tree_threads: int
     workers: int
+    fd_kinds: dict[str, int] = field(default_factory=dict)
+    """Descriptors by process role and kind (``worker:socket``): says what differs."""
 
 
 @dataclass
@@ -124,6 +126,15 @@ def _fd_targets(pid: int) -> list[str]:
     return out
 
 
+def _fd_kind(target: str) -> str:
+    """``socket:[123]`` -> ``socket``; ``/memfd:x (deleted)`` -> ``memfd``; paths stay."""
+    if target.startswith("/memfd:"):
+        return "memfd"
+    if target.endswith("]") and ":[" in target:
+        return target.split(":[", 1)[0]
+    return target
+
+
 def _shm_mapped(pid: int) -> set[str]:
     found = set()
     with contextlib.suppress(OSError):
@@ -140,6 +151,7 @@ def sample(server_pid: int, t0: float) -> Sample:
     server_rss = fork_rss = tree_rss = tree_pss = 0
     server_fds = tree_fds = memfds = server_threads = tree_threads = workers = 0
     shm: set[str] = set()
+    kinds: Counter[str] = Counter()
     for proc in procs:
         try:
             info = proc.memory_full_info()
@@ -157,10 +169,14 @@ def sample(server_pid: int, t0: float) -> Sample:
         tree_threads += threads
         if proc.pid == server_pid:
             server_rss, server_fds, server_threads = info.rss, len(targets), threads
+            role = "server"
         elif parent == server_pid and "forkserver" in cmdline:
             fork_rss = info.rss
+            role = "forkserver"
         else:
             workers += 1  # forked from the fork server: same command line, other parent
+            role = "worker"
+        kinds.update(f"{role}:{_fd_kind(t)}" for t in targets)
     try:
         dev_shm = len(os.listdir("/dev/shm"))
     except OSError:
@@ -179,6 +195,7 @@ def sample(server_pid: int, t0: float) -> Sample:
         server_threads=server_threads,
         tree_threads=tree_threads,
         workers=workers,
+        fd_kinds=dict(sorted(kinds.items())),
     )
 
 

@@ -15,6 +15,7 @@ them out (the region is reused by the next batch, so results cannot stay there).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import mmap
 import os
 import socket
@@ -180,8 +181,15 @@ class SharedRegion:
 
     def close(self) -> None:
         """Drop the mapping and close the memfd (the pages go once the peer closes too)."""
+        # mmap holds a duplicate of the memfd until the mapping itself is closed, and the
+        # cached views keep the mapping alive: drop them, then close it, so that both
+        # descriptors go now rather than whenever the collector frees this object.
         self._u8 = np.empty(0, np.uint8)
-        self._mm = None
+        self._views = {}
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            with contextlib.suppress(BufferError):  # a caller still holds a view: GC closes it
+                mm.close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

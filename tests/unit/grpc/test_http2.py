@@ -288,6 +288,21 @@ async def test_a_frame_over_the_size_limit_closes_the_connection(serve: Serve) -
     assert goaway == wire.FRAME_SIZE_ERROR
 
 
+async def test_the_goaway_reaches_a_client_whose_bytes_the_server_never_read(
+    serve: Serve,
+) -> None:
+    # Closing a socket with unread input sends a TCP reset, which can destroy the GOAWAY
+    # before the client reads it: the server half-closes and drains instead.
+    _, port = await serve()
+    client = await RawClient.open(port)
+    header = wire.FRAME_HEADER.pack(((1 << 24) - 1) << 8 | wire.DATA, 0, 1)
+    client.writer.write(header + bytes(4 << 20))
+    await asyncio.sleep(0.3)  # the server has read the header and aborted by now
+    goaway = await client.goaway()
+    assert goaway == wire.FRAME_SIZE_ERROR
+    client.close()
+
+
 async def test_silent_and_idle_connections_are_closed(serve: Serve) -> None:
     _, port = await serve(handshake_timeout_s=0.2, max_connection_idle_s=0.3)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -99,3 +99,14 @@ def test_repeated_layouts_read_and_write_the_current_bytes(region: SharedRegion)
     region.write({"big": np.ones(region.size, dtype=np.uint8)})
     metas, _ = region.write({"x": np.full((2, 3), 7.0, dtype=np.float32)})
     assert region.read(metas, copy=True)["x"].tolist() == [[7.0] * 3] * 2
+
+
+def test_closing_a_region_releases_both_of_its_descriptors() -> None:
+    # mmap keeps a duplicate of the memfd; the view cache keeps the mmap alive. Closing
+    # must release both at once, not when the collector gets round to the region.
+    before = len(os.listdir("/proc/self/fd"))
+    region = SharedRegion.create()
+    region.write({"x": np.ones((4, 4), np.float32)})
+    assert len(os.listdir("/proc/self/fd")) == before + 2
+    region.close()
+    assert len(os.listdir("/proc/self/fd")) == before

@@ -34,6 +34,8 @@ MAX_HEADER_BLOCK = 1 << 16
 MAX_HEADER_LIST = 16_384
 MAX_RESETS_PER_S = 200
 """Running calls a client may reset in one second before its connection is closed."""
+LINGER_S = 2.0
+"""After a connection-level error, how long the peer's bytes are drained before closing."""
 
 
 class Stream:
@@ -92,6 +94,7 @@ class Http2Connection(asyncio.Protocol):
         self.closing = False
         self.timer: asyncio.TimerHandle | None = None
         self.resets, self.resets_since = 0, 0.0
+        self.aborted = False
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -133,6 +136,8 @@ class Http2Connection(asyncio.Protocol):
         self.writable.set()
 
     def data_received(self, data: bytes) -> None:
+        if self.aborted:
+            return  # lingering after a GOAWAY: what the peer still sends is dropped
         buf = self.buffer
         buf += data
         try:
@@ -393,6 +398,8 @@ class Http2Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ lifetime
 
     def _write(self, data: bytes) -> None:
+        if self.aborted:
+            return
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
@@ -432,7 +439,31 @@ class Http2Connection(asyncio.Protocol):
     def _abort(self, code: int, reason: str) -> None:
         log.debug("closing a gRPC connection: %s", reason)
         self._write(wire.goaway(self.last_stream_id, code, reason.encode()[:200]))
-        self._close()
+        self._linger()
+
+    def _linger(self) -> None:
+        """Half-close, then drop what the peer still sends until it closes or time is up.
+
+        Closing a socket whose receive buffer holds unread bytes makes the kernel send a
+        TCP reset, and a reset can reach the peer before it has read the GOAWAY, which
+        then never arrives: the peer sees "connection reset" instead of the reason.
+        """
+        self.aborted = self.closing = True
+        self.buffer.clear()
+        for stream in self.streams.values():
+            if stream.task is not None:
+                stream.task.cancel()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self.timer = self.loop.call_later(LINGER_S, self._close)
 
     def _close(self) -> None:
         if self.transport is not None:
