@@ -86,6 +86,7 @@ class RayApp(App):
             self.ray_config.poll_interval_s,
         )
         self.cluster_devices = watcher
+        self.manager.on_restart_failed(watcher.refresh)
         await watcher.refresh()
         watcher.start()
         try:

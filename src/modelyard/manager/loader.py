@@ -10,6 +10,7 @@ worker that dies is restarted with backoff.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -82,6 +83,9 @@ class Loader:
         self._clock = clock
         self.on_ready = on_ready
         self.on_unloaded = on_unloaded
+        # Re-reads the usable devices (Ray: the node table) after a failed restart, so
+        # that the next attempt moves off a node that died rather than try it again.
+        self.refresh_devices: Callable[[], Awaitable[object]] | None = None
         self._public_keys = [load_public_key(k) for k in settings.manifest_public_keys]
         self._unverified_said = False
 
@@ -439,5 +443,8 @@ class Loader:
                 return
             except ServerError as exc:
                 log.warning("restart %d of %s failed: %s", attempt + 1, record.key, exc)
+                if self.refresh_devices is not None:
+                    with contextlib.suppress(Exception):  # else the periodic read tells
+                        await self.refresh_devices()
         self._admission.release(record)
         self.fail(record, f"worker died ({reason}); restarts failed", "restart_failed")

@@ -188,6 +188,10 @@ class ModelManager:
         """The record of a version on disk, created if the policy did not list it."""
         return self.registry.record_for(name, version)
 
+    def on_restart_failed(self, refresh: Callable[[], Awaitable[object]]) -> None:
+        """Have ``refresh`` re-read the usable devices whenever a restart fails."""
+        self._loader.refresh_devices = refresh
+
     def estimate_bytes(self, record: ModelRecord) -> int:
         """Private reservation before a load (see admission)."""
         return self.admission.estimate_bytes(record)

@@ -210,6 +210,32 @@ async def test_a_crashed_instance_is_restarted(tmp_path: Path) -> None:
     await manager.close()
 
 
+async def test_a_failed_restart_has_the_devices_read_again(tmp_path: Path) -> None:
+    # Ray mode: a restart sent to a node in the moment it died fails before the periodic
+    # watcher has seen the loss; the next attempt must know, so the failure asks.
+    manager, factory, _ = make_manager(tmp_path, {"a": {"memory_mb": 10}})
+    refreshed: list[int] = []
+
+    async def refresh() -> None:
+        refreshed.append(len(factory.made))
+        factory.fail.pop("a", None)
+
+    manager.on_restart_failed(refresh)
+    record = manager.resolve("a", None)
+    await manager.ensure_ready(record, deadline=None)
+    factory.fail["a"] = "node gone"
+    factory.made[0][1].crash("node lost")
+
+    async def restarted() -> None:
+        while not record.is_ready:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(restarted(), 5.0)
+    assert refreshed == [2], refreshed  # once, after the failed second start
+    assert factory.starts("a") == 3
+    await manager.close()
+
+
 async def test_a_runtime_pin_holds_for_versions_found_later(tmp_path: Path) -> None:
     manager, _, _ = make_manager(tmp_path, {"a": {"memory_mb": 10}})
     manager.pin("a")
