@@ -20,7 +20,8 @@ import grpc
 from modelyard.errors import ServerError
 from modelyard.frontends.grpc import wire
 from modelyard.frontends.grpc.errors import grpc_status
-from modelyard.frontends.grpc.http2 import Http2Connection, Stream
+from modelyard.frontends.grpc.h2_stream import Stream
+from modelyard.frontends.grpc.http2 import Http2Connection
 from modelyard.frontends.grpc.rpc import Method, RpcContext, RpcError
 
 log = logging.getLogger(__name__)

@@ -18,6 +18,7 @@ import hpack
 from hpack.exceptions import HPACKError
 
 from modelyard.frontends.grpc import wire
+from modelyard.frontends.grpc.h2_stream import ProtocolFailure, Stream, unpad
 from modelyard.frontends.grpc.rpc import ServerState
 
 log = logging.getLogger(__name__)
@@ -36,39 +37,6 @@ MAX_RESETS_PER_S = 200
 """Running calls a client may reset in one second before its connection is closed."""
 LINGER_S = 2.0
 """After a connection-level error, how long the peer's bytes are drained before closing."""
-
-
-class Stream:
-    """One request's state: its header block, headers, body and send window."""
-
-    __slots__ = (
-        "block",
-        "body",
-        "closed_remote",
-        "headers",
-        "id",
-        "recv_unacked",
-        "send_window",
-        "task",
-    )
-
-    def __init__(self, stream_id: int, send_window: int) -> None:
-        self.id = stream_id
-        self.block = bytearray()
-        self.headers: list[tuple[bytes, bytes]] | None = None
-        self.body = bytearray()
-        self.closed_remote = False
-        self.recv_unacked = 0
-        self.send_window = send_window
-        self.task: asyncio.Task[None] | None = None
-
-
-class ProtocolFailure(Exception):
-    """A connection-level protocol error: GOAWAY with ``code``, then close."""
-
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
 
 
 class Http2Connection(asyncio.Protocol):
@@ -255,7 +223,7 @@ class Http2Connection(asyncio.Protocol):
     def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id % 2 == 0:
             raise ProtocolFailure(wire.PROTOCOL_ERROR, "client streams have odd ids")
-        payload = _unpad(flags, payload)
+        payload = unpad(flags, payload)
         if flags & wire.PRIORITY_FLAG:
             payload = payload[5:]
         stream = self.streams.get(stream_id)
@@ -323,7 +291,7 @@ class Http2Connection(asyncio.Protocol):
             if stream_id > self.last_stream_id:
                 raise ProtocolFailure(wire.PROTOCOL_ERROR, "DATA on an idle stream")
             return
-        data = _unpad(flags, payload)
+        data = unpad(flags, payload)
         stream.body += data
         if len(stream.body) > self.state.limits.max_message_bytes + 5 or (
             len(stream.body) - len(data) < 5 and self._too_large(stream)
@@ -468,11 +436,3 @@ class Http2Connection(asyncio.Protocol):
     def _close(self) -> None:
         if self.transport is not None:
             self.transport.close()
-
-
-def _unpad(flags: int, payload: bytes) -> bytes:
-    if not flags & wire.PADDED:
-        return payload
-    if not payload or payload[0] >= len(payload):
-        raise ProtocolFailure(wire.PROTOCOL_ERROR, "bad padding")
-    return payload[1 : len(payload) - payload[0]]
