@@ -76,6 +76,7 @@ class Anticipation:
                     Path(settings.request_log.path),
                     int(settings.request_log.max_mb * _MIB),
                     clock,
+                    load_slots=settings.load_slots,
                 )
             except OSError as exc:
                 # An observability aid: a server that cannot write it still serves.

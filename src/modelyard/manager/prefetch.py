@@ -202,19 +202,38 @@ class Prefetcher:
             target.load_task is not None and not target.load_task.done()
         ):
             return None
-        missing = self._estimate_bytes(target) + also_needed - self._free_bytes(target)
+        free = self._free_bytes(target)
+        missing = self._estimate_bytes(target) + also_needed - free
         if missing <= 0:
             return PrefetchDecision(target, guess)
         plan = self._victims(target, missing) if cfg.displace and self._victims else None
         if plan:
             horizon = cfg.horizon_s if turnover_s is None else min(cfg.horizon_s, turnover_s())
             gain = self.value(target, guess.probability) - sum(
-                self.value(v, self.histograms.p_within(v.key.name, now, horizon)) for v in plan
+                self.value(v, self.histograms.p_within(v.key.name, now, horizon))
+                for v in self._charged(target, plan, also_needed - free)
             )
             if gain > 0:
                 return PrefetchDecision(target, guess, list(plan), gain)
         # It cannot be loaded now: its files can still wait in the page cache.
         return PrefetchDecision(target, guess, load=False) if cfg.page_cache else None
+
+    def _charged(
+        self, target: ModelRecord, plan: Sequence[ModelRecord], own_missing: int
+    ) -> list[ModelRecord]:
+        """The victims of ``plan`` the prediction is to blame for.
+
+        Those that the cold request's own load needs (``own_missing`` bytes, the first
+        in the policy's order) leave for that load whether or not anything is prefetched,
+        so they cost the prediction nothing; charging them made a cold request's
+        successor almost never worth loading (issue 16, live sequence run).
+        """
+        if own_missing <= 0 or self._victims is None:
+            return list(plan)
+        own = self._victims(target, own_missing)
+        if not own:
+            return list(plan)
+        return [v for v in plan if all(v is not o for o in own)]
 
     @staticmethod
     def value(record: ModelRecord, probability: float) -> float:

@@ -207,7 +207,33 @@ def test_a_cold_requests_own_load_is_counted_in_the_room_a_prediction_needs() ->
         prefetcher.after("a", float(i))
         prefetcher.after("b", i + 0.5)
     assert prefetcher.after("a", 3.0, also_needed=25) is not None
-    assert asked[-1] == 35
+    assert 35 in asked
+
+
+def test_victims_a_cold_requests_own_load_needs_are_not_charged_to_the_prediction() -> None:
+    # Live (sequence trace), the request for A was cold: its own load needs room, and
+    # the victims covering it leave whether or not B is prefetched. Charging them to
+    # the prediction made B lose against two victims and stay unloaded until asked.
+    target = _record("b", reload_s=1.0)
+    first = _record("first", reload_s=1.0, state=ModelState.READY)
+    second = _record("second", reload_s=0.2, state=ModelState.READY)
+
+    def victims(t: ModelRecord, missing: int) -> list[ModelRecord]:
+        # The policy's order: each victim frees 10 bytes.
+        return [first, second][: -(-missing // 10)]
+
+    config = PrefetchConfig(min_probability=0.5, min_observations=2)
+    prefetcher = Prefetcher(config, lambda name: target, lambda r: 0, lambda r: 10, victims=victims)
+    now = 0.0
+    for _ in range(6):  # both victims come back within the horizon
+        for name in ("first", "second", "a", "b"):
+            prefetcher.after(name, now)
+            now += 0.1
+    decision = prefetcher.after("a", now, also_needed=10)
+    assert decision is not None
+    assert decision.load, "only the second victim is the prediction's doing"
+    assert decision.victims == [first, second]
+    assert decision.gain == pytest.approx(1.0 - 0.2, abs=0.01)
 
 
 def test_a_victim_asked_for_only_after_the_caches_turnover_costs_nothing() -> None:
