@@ -10,8 +10,10 @@ that a model is asked for within a horizon, given how long it has been idle, fol
 A predicted model is loaded into free budget when it fits. When it does not (the
 budget is never free under pressure), it may displace resident models, but only idle,
 unpinned models outside the top decile of demand, and only when its expected value
-beats theirs: ``P(use within horizon) * reload seconds`` of the prediction against the
-sum of the same for the victims (their P from their histograms). See docs/caching.md.
+beats what displacing them costs: ``p * reload seconds`` of the prediction (``p`` its
+probability) against ``1 - p`` (a right guess's own request would evict the same
+victims) times the sum of ``P(use within horizon) * reload seconds`` over the victims
+(their P from their histograms). See docs/caching.md.
 """
 
 from __future__ import annotations
@@ -209,7 +211,14 @@ class Prefetcher:
         plan = self._victims(target, missing) if cfg.displace and self._victims else None
         if plan:
             horizon = cfg.horizon_s if turnover_s is None else min(cfg.horizon_s, turnover_s())
-            gain = self.value(target, guess.probability) - sum(
+            # If the guess is right, the target's own request would evict these victims
+            # a moment later anyway (its load needs the same room, and the policy would
+            # pick the same idle models): displacing them now costs their expected
+            # reload only when the guess is wrong. Charging it in full compared the
+            # prefetch with never loading the target at all, and on a live pipeline a
+            # certain successor lost to two victims due back within seconds.
+            p = guess.probability
+            gain = self.value(target, p) - (1.0 - p) * sum(
                 self.value(v, self.histograms.p_within(v.key.name, now, horizon))
                 for v in self._charged(target, plan, also_needed - free)
             )
