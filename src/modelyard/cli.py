@@ -220,10 +220,20 @@ def _port_or_off(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"not a port number or 'off': {text!r}") from None
 
 
+def _load_slots(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"not a number of load slots (0 or more): {text!r}")
+    return n
+
+
 def _plan(args: argparse.Namespace) -> int:
     import json
 
-    from modelyard.simulation.plan import format_table, plan
+    from modelyard.simulation.plan import format_table, plan, slots_for
     from modelyard.simulation.traces import read_request_log
 
     path = Path(args.trace)
@@ -241,11 +251,21 @@ def _plan(args: argparse.Namespace) -> int:
     if unknown:
         print(f"modelyard: unknown policy {', '.join(unknown)}", file=sys.stderr)
         return 2
-    rows = plan(trace, budgets_mib=args.budget_mb, policies=policies or POLICY_NAMES)
+    slots = slots_for(trace, args.load_slots)
+    rows = plan(
+        trace, budgets_mib=args.budget_mb, policies=policies or POLICY_NAMES, load_slots=slots
+    )
     if args.json:
-        print(json.dumps([{"budget_mib": r.budget_mib, **r.result.as_row()} for r in rows]))
+        print(
+            json.dumps(
+                [
+                    {"budget_mib": r.budget_mib, "load_slots": slots, **r.result.as_row()}
+                    for r in rows
+                ]
+            )
+        )
     else:
-        print(format_table(trace, rows))
+        print(format_table(trace, rows, slots))
     return 0
 
 
@@ -293,6 +313,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="budgets to try in MiB (default: 10-100 %% of all the models together)",
     )
     planner.add_argument("--policies", help="comma-separated (default: every policy)")
+    planner.add_argument(
+        "--load-slots",
+        type=_load_slots,
+        metavar="N",
+        help="loads that run at once, as the server's load_slots (0: no limit; default: "
+        "what the log's server ran with, else the server's default, no limit)",
+    )
     planner.add_argument("--json", action="store_true", help="JSON rows instead of a table")
     planner.set_defaults(func=_plan)
 

@@ -101,3 +101,8 @@ def test_plan_refuses_a_missing_file_and_an_unknown_policy(
     log.write_text("not json\n")
     assert _plan_cli("--trace", str(log)) == 2
     assert "no request lines" in capsys.readouterr().err
+    for bad in ("-1", "two"):
+        with pytest.raises(SystemExit) as exc:
+            _plan_cli("--trace", str(log), "--load-slots", bad)
+        assert exc.value.code == 2
+        assert "not a number of load slots" in capsys.readouterr().err

@@ -142,6 +142,10 @@ class ServerSettings(BaseSettings):
     protect_hot: bool = True
     """Never evict a model in the top decile of recent demand while a colder model is
     evictable or a load in progress will become so."""
+    load_slots: int = Field(default=0, ge=0)
+    """Loads that run at once (a load is CPU work); the others wait for a slot, holding
+    their place in the budget. 0: no limit, every admitted load starts at once.
+    ``modelyard plan`` replays a request log with the limit it was recorded under."""
     request_log: RequestLogConfig = Field(default_factory=RequestLogConfig)
     """Opt-in request log (JSON lines) that ``modelyard plan`` replays."""
     prefetch: PrefetchConfig = Field(default_factory=PrefetchConfig)

@@ -60,6 +60,8 @@ class Anticipation:
         """Starts a prefetch load of a record (the loader's, with ``prefetch=True``)."""
         self._evict = evict
         self._warmed: dict[object, float] = {}
+        self._asking: ModelRecord | None = None
+        """The record whose request is being predicted from (never a victim of it)."""
         self.prefetcher = Prefetcher(
             settings.prefetch,
             lambda name: registry.resolve(name, None),
@@ -76,6 +78,7 @@ class Anticipation:
                     Path(settings.request_log.path),
                     int(settings.request_log.max_mb * _MIB),
                     clock,
+                    load_slots=settings.load_slots,
                 )
             except OSError as exc:
                 # An observability aid: a server that cannot write it still serves.
@@ -97,9 +100,15 @@ class Anticipation:
         # A cold request's own load takes room too (the simulator loads it first).
         cold = not record.is_ready and record.reserved_bytes == 0
         own = self._admission.estimate_bytes(record) if cold else 0
-        decision = self.prefetcher.after(
-            record.key.name, now, also_needed=own, turnover_s=lambda: self._turnover_s(now)
-        )
+        # The router leases the model after this call: until then it looks idle, and a
+        # prediction could pick the very model this request is about to use as a victim.
+        self._asking = record
+        try:
+            decision = self.prefetcher.after(
+                record.key.name, now, also_needed=own, turnover_s=lambda: self._turnover_s(now)
+            )
+        finally:
+            self._asking = None
         if decision is not None:
             self._act(record, decision)
 
@@ -123,7 +132,7 @@ class Anticipation:
         idle = [
             r
             for r in self._admission.candidates(target)
-            if r.pending == 0 and r.key not in hot and r.key != target.key
+            if r.pending == 0 and r.key not in hot and r.key != target.key and r is not self._asking
         ]
         return select_victims(self._admission.policy, idle, missing)
 

@@ -87,6 +87,7 @@ class Loader:
         # that the next attempt moves off a node that died rather than try it again.
         self.refresh_devices: Callable[[], Awaitable[object]] | None = None
         self._public_keys = [load_public_key(k) for k in settings.manifest_public_keys]
+        self._slots = asyncio.Semaphore(settings.load_slots) if settings.load_slots else None
         self._unverified_said = False
 
     def _say_unverified(self, record: ModelRecord) -> None:
@@ -263,10 +264,12 @@ class Loader:
             else:
                 reason = ""
             self.set_state(record, ModelState.LOADING, reason)
-            record.timings.queue_wait_s = self._clock.monotonic() - t0
             try:
                 async with asyncio.timeout(max(0.0, deadline - self._clock.monotonic())):
-                    await self._start_instance(record)
+                    async with self._slots or contextlib.nullcontext():
+                        # The wait for a slot is queueing, not the load's own time.
+                        record.timings.queue_wait_s = self._clock.monotonic() - t0
+                        await self._start_instance(record)
             except BaseException as exc:
                 # Stop what was started before giving the memory back (invariant 1).
                 await self.drop_instance(record)

@@ -10,8 +10,10 @@ that a model is asked for within a horizon, given how long it has been idle, fol
 A predicted model is loaded into free budget when it fits. When it does not (the
 budget is never free under pressure), it may displace resident models, but only idle,
 unpinned models outside the top decile of demand, and only when its expected value
-beats theirs: ``P(use within horizon) * reload seconds`` of the prediction against the
-sum of the same for the victims (their P from their histograms). See docs/caching.md.
+beats what displacing them costs: ``p * reload seconds`` of the prediction (``p`` its
+probability) against ``1 - p`` (a right guess's own request would evict the same
+victims) times the sum of ``P(use within horizon) * reload seconds`` over the victims
+(their P from their histograms). See docs/caching.md.
 """
 
 from __future__ import annotations
@@ -202,19 +204,45 @@ class Prefetcher:
             target.load_task is not None and not target.load_task.done()
         ):
             return None
-        missing = self._estimate_bytes(target) + also_needed - self._free_bytes(target)
+        free = self._free_bytes(target)
+        missing = self._estimate_bytes(target) + also_needed - free
         if missing <= 0:
             return PrefetchDecision(target, guess)
         plan = self._victims(target, missing) if cfg.displace and self._victims else None
         if plan:
             horizon = cfg.horizon_s if turnover_s is None else min(cfg.horizon_s, turnover_s())
-            gain = self.value(target, guess.probability) - sum(
-                self.value(v, self.histograms.p_within(v.key.name, now, horizon)) for v in plan
+            # If the guess is right, the target's own request would evict these victims
+            # a moment later anyway (its load needs the same room, and the policy would
+            # pick the same idle models): displacing them now costs their expected
+            # reload only when the guess is wrong. Charging it in full compared the
+            # prefetch with never loading the target at all, and on a live pipeline a
+            # certain successor lost to two victims due back within seconds.
+            p = guess.probability
+            gain = self.value(target, p) - (1.0 - p) * sum(
+                self.value(v, self.histograms.p_within(v.key.name, now, horizon))
+                for v in self._charged(target, plan, also_needed - free)
             )
             if gain > 0:
                 return PrefetchDecision(target, guess, list(plan), gain)
         # It cannot be loaded now: its files can still wait in the page cache.
         return PrefetchDecision(target, guess, load=False) if cfg.page_cache else None
+
+    def _charged(
+        self, target: ModelRecord, plan: Sequence[ModelRecord], own_missing: int
+    ) -> list[ModelRecord]:
+        """The victims of ``plan`` the prediction is to blame for.
+
+        Those that the cold request's own load needs (``own_missing`` bytes, the first
+        in the policy's order) leave for that load whether or not anything is prefetched,
+        so they cost the prediction nothing; charging them made a cold request's
+        successor almost never worth loading (issue 16, live sequence run).
+        """
+        if own_missing <= 0 or self._victims is None:
+            return list(plan)
+        own = self._victims(target, own_missing)
+        if not own:
+            return list(plan)
+        return [v for v in plan if all(v is not o for o in own)]
 
     @staticmethod
     def value(record: ModelRecord, probability: float) -> float:

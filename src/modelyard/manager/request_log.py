@@ -2,11 +2,13 @@
 
 ``{"t": s, "model": name, "version": v}`` for a request and ``{"t": s, "model": name,
 "version": v, "event": "load", "bytes": n, "load_s": s}`` for a load (``load_s`` without
-the load's wait for room in the budget), ``t`` in seconds
-on the manager's clock from the log's opening. ``modelyard plan --trace`` replays it
-(:func:`modelyard.simulation.traces.read_request_log`). Bounded: it stops growing at
-``max_mb`` with one warning; a line is written with one buffered ``write`` (flushed
-every second and on close) so the request path pays no system call per request.
+the load's wait for room in the budget or for a load slot), ``t`` in seconds
+on the manager's clock from the log's opening, which writes ``{"t": 0, "event": "start",
+"load_slots": n}`` (the server's ``load_slots``, so that a replay queues loads alike).
+``modelyard plan --trace`` replays it (:func:`modelyard.simulation.traces.read_request_log`).
+Bounded: it stops growing at ``max_mb`` with one warning; a line is written with one
+buffered ``write`` (flushed every second and on close) so the request path pays no
+system call per request.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ _FLUSH_EVERY_S = 1.0
 class RequestLog:
     """Appends request and load lines to a file until it reaches its size bound."""
 
-    def __init__(self, path: Path, max_bytes: int, clock: Clock) -> None:
+    def __init__(
+        self, path: Path, max_bytes: int, clock: Clock, *, load_slots: int | None = None
+    ) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self._clock = clock
@@ -35,6 +39,8 @@ class RequestLog:
         self._file: IO[str] | None = path.open("a", encoding="utf-8")
         self._written = path.stat().st_size
         self._flushed_at = self._origin
+        if load_slots is not None:
+            self._write({"event": "start", "load_slots": load_slots})
 
     def request(self, record: ModelRecord) -> None:
         """Log a request for ``record``."""
@@ -44,8 +50,8 @@ class RequestLog:
         """Log a finished load of ``record``: its reservation and how long it took.
 
         The time is the load's own (process start, runtime load, warm-up), without its
-        wait for a place in the budget: a replay models that wait itself, from the
-        requests around it, and would count it twice.
+        wait for a place in the budget or a load slot: a replay models those waits
+        itself, from the requests around it, and would count them twice.
         """
         t = record.timings
         self._write(

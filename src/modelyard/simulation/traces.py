@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,8 @@ class Trace:
     name: str
     requests: list[Request]
     models: dict[str, ModelSpec]
+    load_slots: int | None = None
+    """The load slots of the server that recorded it (its request log says; None: unknown)."""
 
     @property
     def duration_s(self) -> float:
@@ -309,36 +312,47 @@ def read_request_log(
     """A trace from a server's request log (JSON lines; see ``request_log`` in README).
 
     Lines ``{"t": s, "model": name}`` are requests; ``{"t": s, "model": name, "event":
-    "load", "bytes": n, "load_s": s}`` record a finished load, whose last figures
-    become the model's size and reload time. A model never seen loading gets
+    "load", "bytes": n, "load_s": s}`` record a finished load: the last size becomes the
+    model's, the median of its load times its reload time (one load slowed by a busy host
+    would otherwise set every replayed one). A model never seen loading gets
     ``default_size_mib`` and the load curve of ``default_runtime``. Lines that are not
     valid JSON objects of that shape are skipped (a log cut off mid-line still reads).
+    The server's ``load_slots``, from the line a server writes when it opens the log (the
+    last such line), becomes the trace's.
     """
     requests: list[Request] = []
-    seen: dict[str, ModelSpec] = {}
+    slots: int | None = None
+    sizes: dict[str, int] = {}
+    load_times: dict[str, list[float]] = {}
     with path.open(encoding="utf-8") as f:
         for line in f:
             try:
                 row = json.loads(line)
+                if row.get("event") == "start":
+                    slots = max(0, int(row["load_slots"]))
+                    continue
                 t = float(row["t"])
                 model = str(row["model"])
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue
             if row.get("event") == "load":
                 try:
-                    seen[model] = ModelSpec(model, int(row["bytes"]), float(row["load_s"]))
+                    size, load_s = int(row["bytes"]), float(row["load_s"])
                 except (ValueError, KeyError, TypeError):
                     continue
+                sizes[model] = size
+                load_times.setdefault(model, []).append(load_s)
             else:
                 requests.append(Request(t, model))
     requests.sort(key=lambda r: r.t)
+    seen = {m: ModelSpec(m, sizes[m], statistics.median(load_times[m])) for m in sizes}
     curve = LOAD_CURVES[default_runtime]
     size = int(default_size_mib * MIB)
     models = {
         name: seen.get(name, ModelSpec(name, size, curve.load_s(size)))
         for name in dict.fromkeys(r.model for r in requests)
     }
-    return Trace(path.stem, requests, models)
+    return Trace(path.stem, requests, models, slots)
 
 
 def write_trace(trace: Trace, path: Path) -> None:

@@ -140,20 +140,42 @@ def test_a_likely_costly_prediction_displaces_a_cold_cheap_model() -> None:
     assert decision.gain == pytest.approx(2.0, abs=0.1)
 
 
-def test_a_prediction_worth_less_than_its_victim_only_warms_the_page_cache() -> None:
+def test_a_certain_successor_displaces_a_victim_its_own_request_would_evict() -> None:
+    # Live pipeline (bench_prefetch_live.py): B always follows A, yet B lost to a victim
+    # due back within seconds whose reload was a little dearer, and waited for its own
+    # request, whose load then evicted that same victim. With p = 1 the victim leaves
+    # either way; only a wrong guess would cost its reload.
     target = _record("b", reload_s=0.1)
-    victim = _record("old", reload_s=5.0, state=ModelState.READY)
+    victim = _record("old", reload_s=0.15, state=ModelState.READY)
     prefetcher = _pressured(victim, target)
     now = 0.0
-    for _ in range(3):
-        prefetcher.after("old", now)  # the victim is in use every second: P close to 1
+    for _ in range(6):
+        prefetcher.after("old", now)  # in use every second: P close to 1
         prefetcher.after("a", now + 0.2)
         prefetcher.after("b", now + 0.4)
         now += 1.0
     prefetcher.after("old", now)
     decision = prefetcher.after("a", now + 0.2)
     assert decision is not None
-    assert not decision.load, "0.1 s saved is not worth risking a 5 s reload"
+    assert decision.load
+    assert decision.victims == [victim]
+    assert decision.gain == pytest.approx(0.1)
+
+
+def test_a_prediction_worth_less_than_its_victim_only_warms_the_page_cache() -> None:
+    target = _record("b", reload_s=0.1)
+    victim = _record("old", reload_s=5.0, state=ModelState.READY)
+    prefetcher = _pressured(victim, target)
+    now = 0.0
+    for i in range(3):
+        prefetcher.after("old", now)  # the victim is in use every second: P close to 1
+        prefetcher.after("a", now + 0.2)
+        prefetcher.after("b" if i < 2 else "c", now + 0.4)  # p(b after a) = 2/3
+        now += 1.0
+    prefetcher.after("old", now)
+    decision = prefetcher.after("a", now + 0.2)
+    assert decision is not None
+    assert not decision.load, "0.07 s expected saving is not worth risking a 5 s reload"
     assert decision.victims == []
 
 
@@ -207,7 +229,34 @@ def test_a_cold_requests_own_load_is_counted_in_the_room_a_prediction_needs() ->
         prefetcher.after("a", float(i))
         prefetcher.after("b", i + 0.5)
     assert prefetcher.after("a", 3.0, also_needed=25) is not None
-    assert asked[-1] == 35
+    assert 35 in asked
+
+
+def test_victims_a_cold_requests_own_load_needs_are_not_charged_to_the_prediction() -> None:
+    # Live (sequence trace), the request for A was cold: its own load needs room, and
+    # the victims covering it leave whether or not B is prefetched. Charging them to
+    # the prediction made B lose against two victims and stay unloaded until asked.
+    target = _record("b", reload_s=1.0)
+    first = _record("first", reload_s=3.0, state=ModelState.READY)
+    second = _record("second", reload_s=0.2, state=ModelState.READY)
+
+    def victims(t: ModelRecord, missing: int) -> list[ModelRecord]:
+        # The policy's order: each victim frees 10 bytes.
+        return [first, second][: -(-missing // 10)]
+
+    config = PrefetchConfig(min_probability=0.5, min_observations=2)
+    prefetcher = Prefetcher(config, lambda name: target, lambda r: 0, lambda r: 10, victims=victims)
+    now = 0.0
+    for i in range(8):  # both victims come back within the horizon
+        for name in ("first", "second", "a", "b" if i % 4 else "c"):  # p(b after a) = 3/4
+            prefetcher.after(name, now)
+            now += 0.1
+    decision = prefetcher.after("a", now, also_needed=10)
+    assert decision is not None
+    assert decision.load, "only the second victim is the prediction's doing"
+    assert decision.victims == [first, second]
+    # 3/4 of b's reload saved, against second's reload if the guess is wrong (1/4).
+    assert decision.gain == pytest.approx(0.75 * 1.0 - 0.25 * 0.2, abs=0.01)
 
 
 def test_a_victim_asked_for_only_after_the_caches_turnover_costs_nothing() -> None:

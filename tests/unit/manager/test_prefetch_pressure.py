@@ -135,3 +135,24 @@ async def test_a_displacing_prefetch_waits_for_its_victim_to_exit(tmp_path: Path
     manager.touch(b)
     assert b.stats.prefetch_hits == 1
     await manager.close()
+
+
+async def test_the_model_a_request_is_for_is_never_displaced_by_its_own_prediction(
+    tmp_path: Path,
+) -> None:
+    # The router leases a model only after noting the request (which runs the
+    # predictor): the requested model looked idle and could be the victim of the very
+    # prefetch its request triggered, then be reloaded for that request.
+    manager, clock = _manager(tmp_path, displace=True)
+    a, b, c = await _setup(manager, clock)
+    for _ in range(3):
+        manager.touch(b)  # b hotter than a: a is outside the hot decile
+        clock.advance(0.1)
+    c.leases = 1  # c busy: a is the only idle model, and b needs one model's room
+    manager.touch(a)
+    await asyncio.sleep(0.05)
+    assert a.is_ready, "the requested model stays"
+    assert b.stats.prefetches == 0
+    assert b.state is ModelState.UNLOADED
+    c.leases = 0
+    await manager.close()

@@ -71,3 +71,18 @@ def test_a_loads_wait_for_room_is_not_logged_as_load_time(tmp_path: Path) -> Non
     log.close()
     assert json.loads(path.read_text().splitlines()[0])["load_s"] == 0.5
     assert read_request_log(path).models["a"].load_s == 0.5
+
+
+def test_a_replay_takes_the_median_of_a_models_logged_loads(tmp_path: Path) -> None:
+    # One load slowed by a busy host must not set every replayed load of the model.
+    path = tmp_path / "requests.jsonl"
+    rows = [{"t": 0, "event": "start", "load_slots": 3}, {"t": 0, "model": "a"}]
+    rows += [
+        {"t": 0, "model": "a", "event": "load", "bytes": 10, "load_s": s} for s in (0.1, 9.0, 0.2)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    trace = read_request_log(path)
+    assert trace.models["a"].load_s == 0.2
+    assert trace.load_slots == 3
+    path.write_text(json.dumps({"t": 0, "model": "a"}) + "\n")
+    assert read_request_log(path).load_slots is None, "a log without the line: unknown"

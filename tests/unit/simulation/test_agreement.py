@@ -4,7 +4,8 @@
 (tests/fakes/cache_run.py: instances sleep their load time, two loads at a time). Each
 configuration runs live; its recorded trace is replayed in the simulator with the same
 configuration; the orderings by total loads must agree, and the simulator's count must be
-within a third of the live one.
+within a third of the live one. A real server with ``load_slots: 2`` against
+``modelyard plan --load-slots 2``: tests/integration/test_plan_load_slots.py.
 """
 
 from __future__ import annotations
@@ -30,8 +31,14 @@ async def test_simulated_and_live_runs_order_the_configurations_alike(tmp_path: 
         )
         assert result.failures == []
         live[label] = result.total_loads
+        # The live run's loads take one of two slots (cache_run's ``cores``), as a
+        # server with ``load_slots: 2`` runs them; the replay queues them alike.
         sim = simulate(
-            result.as_trace(), policy, result.budget_bytes, hot_fraction=0.1 if hot else 0.0
+            result.as_trace(),
+            policy,
+            result.budget_bytes,
+            hot_fraction=0.1 if hot else 0.0,
+            load_slots=2,
         )
         simulated[label] = sim.loads
         assert abs(sim.loads - result.total_loads) <= result.total_loads / 3, (label, sim.loads)
