@@ -29,11 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector
 
 from modelyard.clock import Clock, MonotonicClock
 from modelyard.errors import ErrorCode, ServerError
 from modelyard.observability.collector import ManagerCollector
+from modelyard.observability.histogram import FastHistogram, HistogramChild
 from modelyard.observability.traffic import RecentTraffic
 
 if TYPE_CHECKING:
@@ -88,12 +89,12 @@ class _VersionMetrics:
     model: str
     version: str
     requests: dict[str, Counter]
-    request_seconds: Histogram
-    queue_seconds: Histogram
-    compute_seconds: Histogram
-    batch_rows: Histogram
-    batch_compute_seconds: Histogram
-    cold_start_seconds: Histogram
+    request_seconds: HistogramChild
+    queue_seconds: HistogramChild
+    compute_seconds: HistogramChild
+    batch_rows: HistogramChild
+    batch_compute_seconds: HistogramChild
+    cold_start_seconds: HistogramChild
     recent: RecentTraffic
 
 
@@ -116,8 +117,8 @@ class Metrics:
         self._bound = False
         mv = ("model", "version")
 
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, mv, buckets=buckets, registry=registry)
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> FastHistogram:
+            return FastHistogram(name, doc, mv, buckets=buckets, registry=registry)
 
         def counter(name: str, doc: str, *extra: str) -> Counter:
             return Counter(name, doc, [*mv, *extra], registry=registry)

@@ -204,10 +204,16 @@ class SchedulerCore:
         if not self._service.is_known:
             return None
         now = self._clock.monotonic()
-        ahead = sum(
-            request.rows
-            for request in self._queue
-            if self._queue.effective_priority(request, now) <= priority
+        queue = self._queue
+        # Most requests find the queue empty (one at a time, or the direct path).
+        ahead = (
+            sum(
+                request.rows
+                for request in queue
+                if queue.effective_priority(request, now) <= priority
+            )
+            if queue
+            else 0
         )
         cap = self._limits()[0]
         estimate = estimate_latency_s(
