@@ -10,6 +10,7 @@ worker that dies is restarted with backoff.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -27,6 +28,7 @@ from modelyard.errors import (
 )
 from modelyard.manager.admission import Admission
 from modelyard.manager.events import EventLog
+from modelyard.manager.footprints import FootprintCommitter, footprint_note
 from modelyard.manager.placement import Placer
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.registry import ModelRegistry
@@ -84,6 +86,8 @@ class Loader:
         self.on_unloaded = on_unloaded
         self._public_keys = [load_public_key(k) for k in settings.manifest_public_keys]
         self._unverified_said = False
+        self.footprints = FootprintCommitter(admission, placer.devices, tasks, fail=self.fail)
+        """Commits measured footprints to the budget (after READY, for worker processes)."""
 
     def _say_unverified(self, record: ModelRecord) -> None:
         # Most repositories have no manifests at all: one warning per start says so, and
@@ -290,20 +294,19 @@ class Loader:
             self.events.add(
                 "loaded",
                 record.key,
-                f"in {record.timings.total_s * 1000:.1f} ms, "
-                f"{(record.measured_bytes or 0) / _MIB:.1f} MiB measured",
+                f"in {record.timings.total_s * 1000:.1f} ms, {footprint_note(record)}",
                 duration_s=record.timings.total_s,
             )
             log.info(
                 "loaded %s in %.1f ms (queue %.1f, start %.1f, load %.1f, warm-up %.1f ms); "
-                "footprint %.1f MiB",
+                "footprint %s",
                 record.key,
                 record.timings.total_s * 1000,
                 record.timings.queue_wait_s * 1000,
                 record.timings.process_start_s * 1000,
                 record.timings.runtime_load_s * 1000,
                 record.timings.warmup_s * 1000,
-                (record.measured_bytes or 0) / _MIB,
+                footprint_note(record),
             )
 
     def start_request(self, record: ModelRecord, device: str) -> StartRequest:
@@ -346,17 +349,21 @@ class Loader:
         return StartRequest(spec, warmup, limit)
 
     async def spawn(
-        self, record: ModelRecord, device: str
+        self, record: ModelRecord, device: str, *, defer_footprint: bool = False
     ) -> tuple[ModelInstance, InstanceInfo, int]:
         """Start and warm up one worker of ``record`` on ``device``.
 
         Returns the instance, what it reported, and its footprint on the device: the
         worker's USS for CPU devices; for ``cuda:N``, the device memory NVML reports
-        for the worker's process (the USS when NVML cannot tell).
+        for the worker's process (the USS when NVML cannot tell). With
+        ``defer_footprint`` an instance that can measures later (``info.footprint_pending``).
         """
         instance = self._factory(record.config)
+        request = self.start_request(record, device)
+        if defer_footprint:
+            request = dataclasses.replace(request, defer_footprint=True)
         try:
-            info = await instance.start(self.start_request(record, device))
+            info = await instance.start(request)
         except ServerError:
             await instance.stop()
             raise
@@ -366,36 +373,34 @@ class Loader:
         except BaseException:
             await instance.stop()  # cancelled (load timeout, removal, close): no orphan
             raise
-        footprint = info.footprint_bytes
-        if info.pid is not None:
-            on_device = self.placer.devices.process_device_bytes(device, info.pid)
-            if on_device is not None:
-                footprint = on_device
-        return instance, info, footprint
+        if info.footprint_pending:
+            return instance, info, 0
+        return instance, info, self.footprints.device_bytes(device, info)
 
     async def _start_instance(self, record: ModelRecord) -> None:
-        instance, info, footprint = await self.spawn(record, record.device)
+        # Off the load's path where it can be (a CPU worker): the model serves on its
+        # reservation and the footprint is committed right after (manager/footprints.py).
+        defer = not self.placer.devices[record.device].parsed.is_cuda
+        instance, info, footprint = await self.spawn(record, record.device, defer_footprint=defer)
         record.instance = instance
         record.info = info
         record.timings.process_start_s = info.process_start_s
         record.timings.runtime_load_s = info.load_s
         record.timings.warmup_s = info.warmup_s
         self.set_state(record, ModelState.WARMING)
-        record.measured_bytes = footprint
-        device = record.device
-        if not self._admission.budget.resize(device, record.key, max(footprint, 1)):
-            # Measured more than reserved and the rest does not fit: make room or give up.
+        if not info.footprint_pending:
             try:
-                await self._admission.admit(record, footprint, None)
+                await self.footprints.commit(record, footprint)
             except ServerError:
                 await instance.stop()
                 record.instance = None
                 raise
-        record.reserved_bytes = self._admission.budget.reserved(device, record.key)
         instance.set_exit_callback(lambda reason: self.on_instance_exit(record, instance, reason))
         if self.on_ready is not None:
             await self.on_ready(record)
         self.set_state(record, ModelState.READY)
+        if info.footprint_pending:
+            self.footprints.later(record, instance)
         async with self._admission.changed:
             self._admission.changed.notify_all()
 
