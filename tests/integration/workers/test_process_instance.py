@@ -66,6 +66,32 @@ async def test_start_reports_tensors_footprint_and_timings(
         await instance.stop()
 
 
+async def test_a_deferred_start_serves_first_and_measures_after(
+    factory: WorkerFactory, onnx_dirs: dict[str, Path]
+) -> None:
+    """``defer_footprint``: the start reads no memory (the model serves at once); the
+    footprint comes from ``measure_footprint`` afterwards, the same USS a start measures."""
+    instance = ProcessInstance(factory)
+    spec = onnx_spec(onnx_dirs["mlp"], "mlp")
+    info = await instance.start(StartRequest(spec, defer_footprint=True))
+    try:
+        assert info.footprint_pending
+        assert "uss_bytes" not in info.details, "measured inside the start after all"
+        x = np.ones((1, MLP_IN), np.float32)
+        (expected,) = _in_process(onnx_dirs["mlp"], {"x": x})
+        out = await instance.infer({"x": x}, timeout_s=5.0)
+        np.testing.assert_array_equal(out["y"], expected)
+        measured = await instance.measure_footprint()
+        assert not measured.footprint_pending
+        uss = int(str(measured.details["uss_bytes"]))
+        assert measured.footprint_bytes == uss > 0
+        assert measured.details["start_method"] == info.details["start_method"]
+    finally:
+        await instance.stop()
+    with pytest.raises(ModelNotReadyError):
+        await instance.measure_footprint()
+
+
 async def test_every_datatype_round_trips(
     start_instance: Starter, onnx_dirs: dict[str, Path]
 ) -> None:
