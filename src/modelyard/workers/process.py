@@ -350,7 +350,9 @@ class ProcessInstance(WorkerLink):
                     self._channel.send(Stop())
             try:
                 async with asyncio.timeout(self._factory.config.stop_grace_s):
-                    await asyncio.shield(handle.exited)
+                    # Gone, not yet reported: the fork server's report (and the cleanup
+                    # of the limit) follows through the exit callback.
+                    await handle.wait_gone()
             except TimeoutError:
                 await self._kill_and_wait("killed after not exiting within its stop grace")
         watchdog, self._watchdog = self._watchdog, None

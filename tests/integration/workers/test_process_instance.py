@@ -92,6 +92,27 @@ async def test_a_deferred_start_serves_first_and_measures_after(
         await instance.measure_footprint()
 
 
+async def test_stop_returns_once_the_worker_has_gone_not_once_reported(
+    factory: WorkerFactory, onnx_dirs: dict[str, Path]
+) -> None:
+    """A stop (whose return frees the model's budget) ends when the worker's process has
+    exited, seen through its pidfd, not one hop later when the fork server has reaped it
+    and reported the code: a paused fork server delays only the report."""
+    instance = ProcessInstance(factory)
+    await instance.start(StartRequest(onnx_spec(onnx_dirs["identity"], "identity")))
+    pid = instance.pid
+    assert pid is not None
+    assert factory.fork_server_info is not None
+    fork_server = psutil.Process(factory.fork_server_info.pid)
+    fork_server.suspend()
+    try:
+        # Well within the stop grace (1 s): the report never comes while paused.
+        await asyncio.wait_for(instance.stop(), 0.8)
+        assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, "exited, not reaped"
+    finally:
+        fork_server.resume()
+
+
 async def test_every_datatype_round_trips(
     start_instance: Starter, onnx_dirs: dict[str, Path]
 ) -> None:
