@@ -59,6 +59,8 @@ class FootprintCommitter:
         """Marks a model FAILED with a reason and an event (the loader's ``fail``)."""
         self.unload: Callable[[ModelRecord, str], Awaitable[None]] | None = None
         """Drains and unloads a READY model (the manager's); set by the manager."""
+        self.evict: Callable[[ModelRecord, str], Awaitable[None]] | None = None
+        """Drains and unloads a READY model as an eviction (the manager's); set by it."""
 
     def device_bytes(self, device: str, info: InstanceInfo) -> int:
         """The footprint on ``device``: for ``cuda:N`` the device memory NVML reports for
@@ -128,10 +130,20 @@ class FootprintCommitter:
             self._admission.release(record)
 
     async def _refuse(self, record: ModelRecord, footprint: int, exc: ServerError) -> None:
-        """The measurement does not fit: unload the model (over budget only while its
-        requests drain) and fail it with the refusal, as an over-budget load fails."""
-        reason = f"{exc} (measured {footprint / _MIB:.1f} MiB once loaded)"
-        log.error("%s: unloading it", reason)
-        if self.unload is not None:
-            await self.unload(record, reason)
-        self._fail(record, reason, "load_failed")
+        """The measurement does not fit: the model goes (over budget only while its
+        requests drain). Bigger than the whole budget, it fails with the refusal, as an
+        over-budget load fails; otherwise what holds the rest is busy or growing too, so
+        it is evicted: the next request loads it again, reserving the measured bytes
+        (``estimate_bytes``) and making room before its worker starts."""
+        budget = self._admission.budget.device(record.device)
+        files = set(self._admission.mapped_files(record))
+        if footprint + sum(f.size for f in files) > budget.budget_bytes:
+            reason = f"{exc} (measured {footprint / _MIB:.1f} MiB once loaded)"
+            log.error("%s: unloading it", reason)
+            if self.unload is not None:
+                await self.unload(record, reason)
+            self._fail(record, reason, "load_failed")
+            return
+        why = f"its measured footprint ({footprint / _MIB:.1f} MiB) does not fit now: {exc}"
+        if self.evict is not None:
+            await self.evict(record, why)

@@ -141,3 +141,28 @@ async def test_a_model_whose_footprint_is_pending_is_no_victim(tmp_path: Path) -
     assert a.stats.evictions == 1
     assert manager.budget.device("cpu").reserved_bytes <= 30 * MIB
     await manager.close()
+
+
+async def test_two_footprints_that_grow_past_the_budget_together_evict_one_not_fail_it(
+    tmp_path: Path,
+) -> None:
+    """Each fits alone, not both: the second commit finds the first growing too, and the
+    model it commits for is evicted, not failed; its next load reserves what was measured."""
+    models = {"a": {"memory_mb": 10}, "b": {"memory_mb": 10}}
+    manager, factory = make_manager(tmp_path, models, {"a": 25, "b": 25}, budget=30)
+    a, b = manager.resolve("a", None), manager.resolve("b", None)
+    await manager.ensure_ready(a, deadline=None)
+    await manager.ensure_ready(b, deadline=None)
+    factory.gates["a"].set()
+    factory.gates["b"].set()
+    await until(lambda: committed(a) and committed(b) and ModelState.UNLOADED in (a.state, b.state))
+    kept, gone = (a, b) if a.is_ready else (b, a)
+    assert gone.state is ModelState.UNLOADED, gone.reason
+    assert gone.stats.evictions == 1
+    assert "does not fit now" in gone.reason, gone.reason
+    assert manager.budget.reserved("cpu", kept.key) == 25 * MIB == kept.measured_bytes
+    # Loaded again, it reserves its measured 25 MiB first, evicting the other to fit.
+    await manager.ensure_ready(gone, deadline=None)
+    assert manager.budget.reserved("cpu", gone.key) == 25 * MIB
+    await until(lambda: kept.state is ModelState.UNLOADED)
+    await manager.close()
