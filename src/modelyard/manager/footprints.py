@@ -9,9 +9,10 @@ reading its memory walks every page it maps (5-30 ms, the bulk of a tiny model's
 so the model serves on its reservation meanwhile and :meth:`FootprintCommitter.later`
 commits the measurement a moment after. Until then the model counts as still loading
 for admission (never a victim: a load waits for it instead, see
-``Admission.candidates``). A model whose measurement does not fit is unloaded (drained,
-its worker stopped, its bytes given back) and FAILED with the typed refusal as its
-reason, as an over-budget load was. docs/architecture.md says why this is safe.
+``Admission.candidates``). A model whose measurement does not fit goes (drained, its
+worker stopped, its bytes given back): FAILED with the typed refusal if it is bigger
+than the whole budget, as an over-budget load was; else evicted, to be loaded again on
+its measured bytes. docs/architecture.md says why this is safe.
 """
 
 from __future__ import annotations
