@@ -228,6 +228,16 @@ class Server:
             raise RuntimeError(f"model {name} not in /v2/stats")
         return dict(max(rows, key=lambda m: str(m["version"])))
 
+    def committed_stats(self, name: str, timeout_s: float = 10.0) -> dict[str, Any]:
+        """:meth:`model_stats` once the model's measured footprint is committed (a worker's
+        footprint is measured just after its model turns READY; ``footprint_pending``)."""
+        give_up = time.monotonic() + timeout_s
+        row = self.model_stats(name)
+        while row.get("footprint_pending") and time.monotonic() < give_up:
+            time.sleep(0.01)
+            row = self.model_stats(name)
+        return row
+
     def stop(self) -> None:
         """SIGTERM, wait, then SIGKILL the process group this script created for it."""
         self.client.close()

@@ -453,7 +453,7 @@ def part_b(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
     )
     with _server.Server(probe_cfg, root / "probe.log") as probe:
         probe.post("/v2/repository/models/llm-1/load")
-        row = probe.model_stats("llm-1")
+        row = probe.committed_stats("llm-1")
         reserved = float(max(row.get("reserved_bytes") or 0, row.get("measured_bytes") or 0))
     budget_mb = 2.5 * reserved / (1 << 20)
     cfg = _server.write_config(

@@ -124,3 +124,28 @@ def _is_worker(process: psutil.Process) -> bool:
 
 
 _INTERPRETER = os.path.realpath(sys.executable)
+
+
+async def committed_stats(
+    client: httpx.AsyncClient, name: str, version: str | None = None, timeout_s: float = 10.0
+) -> dict[str, Any]:
+    """``name``'s ``/v2/stats`` row once its measured footprint is committed.
+
+    A worker's footprint is measured just after its model turns READY (the model serves
+    on its reservation meanwhile), so a test that reads ``measured_bytes`` right after a
+    load waits for that here.
+    """
+    give_up = time.monotonic() + timeout_s
+    while True:
+        r = await client.get("/v2/stats")
+        assert r.status_code == 200, r.text
+        rows = [
+            m
+            for m in r.json()["models"]
+            if m["name"] == name and (version is None or m["version"] == version)
+        ]
+        assert len(rows) == 1, rows
+        row: dict[str, Any] = rows[0]
+        if not row["footprint_pending"] or time.monotonic() > give_up:
+            return row
+        await asyncio.sleep(0.01)

@@ -7,10 +7,11 @@ much memory it reports, whether its start fails, and when its start may finish.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 
-from modelyard.errors import ModelLoadError
+from modelyard.errors import ModelLoadError, ModelNotReadyError
 from modelyard.runtimes.base import TensorSpec
 from modelyard.workers.instance import ExitCallback, InstanceInfo, StartRequest
 
@@ -75,3 +76,34 @@ class FakeInstance:
         self.alive = False
         if self.on_exit is not None:
             self.on_exit(reason)
+
+
+class DeferringFakeInstance(FakeInstance):
+    """A fake that, like a worker process, can measure its footprint after its start
+    (``StartRequest.defer_footprint``), and whose measurement waits for ``measure_gate``:
+    the fault of a slow memory reading."""
+
+    def __init__(self, footprint_bytes: int, *, measure_gate: asyncio.Event) -> None:
+        super().__init__(footprint_bytes)
+        self.measure_gate = measure_gate
+        self.measuring = asyncio.Event()
+        """Set once a measurement began."""
+        self._info: InstanceInfo | None = None
+
+    async def start(self, request: StartRequest) -> InstanceInfo:
+        """Start as the plain fake does; with ``defer_footprint``, report none yet."""
+        info = await super().start(request)
+        if request.defer_footprint:
+            info = dataclasses.replace(info, footprint_bytes=0, footprint_pending=True)
+        self._info = info
+        return info
+
+    async def measure_footprint(self) -> InstanceInfo:
+        """The configured footprint, once the gate opens; ModelNotReadyError once stopped."""
+        self.measuring.set()
+        await self.measure_gate.wait()
+        if self._info is None or not self.alive:
+            raise ModelNotReadyError("the fake instance is not running")
+        return dataclasses.replace(
+            self._info, footprint_bytes=self.footprint_bytes, footprint_pending=False
+        )

@@ -24,7 +24,7 @@ from modelyard.examples.mlp import build_mlp_onnx
 from tests.fakes.fault_models import CRASH, HANG, SLOW
 from tests.fakes.slow_load_model import LOAD_S
 from tests.integration.conftest import python_model
-from tests.servers import running_server, write_config
+from tests.servers import committed_stats, running_server, write_config
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 
@@ -394,7 +394,7 @@ async def test_unload_gives_memory_back(tmp_path: Path, size_mb: int) -> None:
         r = await client.post("/v2/repository/models/big/load")
         assert r.status_code == 200, r.text
         assert (await client.get("/v2/models/big/ready")).status_code == 200
-        stats = await _stats(client, "big")
+        stats = await committed_stats(client, "big")
         pid, footprint = stats["pid"], stats["measured_bytes"]
         assert footprint >= size_mb * 1024 * 1024, stats
         assert pid in {p.pid for p in psutil.Process().children(recursive=True)}

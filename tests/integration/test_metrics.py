@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from modelyard.observability.metrics import Metrics
 from tests.polling import wait_until
-from tests.servers import running_server, write_config
+from tests.servers import committed_stats, running_server, write_config
 
 MIB = 1024 * 1024
 BUDGET_MB = 48
@@ -148,6 +148,7 @@ async def test_a_scripted_session_moves_every_metric(session_config: Path) -> No
         a = {"model": "ballast-a", "version": "1"}
         b = {"model": "ballast-b", "version": "1"}
         assert (await client.post("/v2/models/ballast-a/infer", json=x(0.5))).status_code == 200
+        await committed_stats(client, "ballast-a")  # measured just after it turned READY
         m = await scrape(client)
         assert get(m, "modelyard_model_cold_start_wait_seconds_count", **a) == 1
         assert get(m, "modelyard_model_measured_bytes", **a, device="cpu") > BALLAST_MB * MIB / 2

@@ -153,16 +153,16 @@ class Admission:
     def candidates(
         self, loader: ModelRecord, *, loading: bool = False, device: str | None = None
     ) -> list[ModelRecord]:
-        """Models ``loader`` may evict on ``device`` (default: its own): READY ones (or,
-        with ``loading``, those on the way)."""
+        """Models ``loader`` may evict on ``device`` (default: its own): READY ones (or, with
+        ``loading``, those on the way, or serving before their footprint is committed)."""
         device = device or loader.device
-        states = (ModelState.LOADING, ModelState.WARMING) if loading else (ModelState.READY,)
         return [
             r
             for r in self.records()
             if r is not loader
             and r.device == device
-            and r.state in states
+            and (r.state is ModelState.READY and r.footprint_pending is None) is not loading
+            and (r.state in RESIDENT and r.state is not ModelState.DRAINING)
             and not r.pinned
             and r.config.priority >= loader.config.priority
         ]

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
-
-import numpy as np
 
 from modelyard.clock import Clock
 from modelyard.config.model_config import ModelConfig
@@ -28,15 +27,16 @@ from modelyard.errors import (
 )
 from modelyard.manager.admission import Admission
 from modelyard.manager.events import EventLog
+from modelyard.manager.footprints import FootprintCommitter, footprint_note
 from modelyard.manager.placement import Placer
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.registry import ModelRegistry
 from modelyard.manager.relocate import leave_lost_device, relocate
+from modelyard.manager.start_request import start_request
 from modelyard.manager.states import ModelState, can_transition
 from modelyard.manager.tasks import TaskOwner
 from modelyard.repository.manifest import load_public_key, verify_manifest
-from modelyard.runtimes.base import RuntimeSpec
-from modelyard.workers.instance import InstanceInfo, ModelInstance, StartRequest
+from modelyard.workers.instance import InstanceInfo, ModelInstance
 
 log = logging.getLogger("modelyard.manager")
 
@@ -89,6 +89,8 @@ class Loader:
         self._public_keys = [load_public_key(k) for k in settings.manifest_public_keys]
         self._slots = asyncio.Semaphore(settings.load_slots) if settings.load_slots else None
         self._unverified_said = False
+        self.footprints = FootprintCommitter(admission, placer.devices, tasks, fail=self.fail)
+        """Commits measured footprints to the budget (after READY, for worker processes)."""
 
     def _say_unverified(self, record: ModelRecord) -> None:
         # Most repositories have no manifests at all: one warning per start says so, and
@@ -297,73 +299,37 @@ class Loader:
             self.events.add(
                 "loaded",
                 record.key,
-                f"in {record.timings.total_s * 1000:.1f} ms, "
-                f"{(record.measured_bytes or 0) / _MIB:.1f} MiB measured",
+                f"in {record.timings.total_s * 1000:.1f} ms, {footprint_note(record)}",
                 duration_s=record.timings.total_s,
             )
             log.info(
                 "loaded %s in %.1f ms (queue %.1f, start %.1f, load %.1f, warm-up %.1f ms); "
-                "footprint %.1f MiB",
+                "footprint %s",
                 record.key,
                 record.timings.total_s * 1000,
                 record.timings.queue_wait_s * 1000,
                 record.timings.process_start_s * 1000,
                 record.timings.runtime_load_s * 1000,
                 record.timings.warmup_s * 1000,
-                (record.measured_bytes or 0) / _MIB,
+                footprint_note(record),
             )
 
-    def start_request(self, record: ModelRecord, device: str) -> StartRequest:
-        """What a worker of ``record`` on ``device`` is started with."""
-        cfg = record.config
-        parsed = self.placer.devices[device].parsed
-        limit = None
-        gpu_limit = None
-        if parsed.is_cuda:
-            # ``memory_limit_mb`` caps the device memory of a CUDA model; the host limit
-            # is left off, as RLIMIT_AS would refuse the CUDA driver's address space.
-            if cfg.memory_limit_mb:
-                gpu_limit = int(cfg.memory_limit_mb * _MIB)
-        elif cfg.memory_limit_mb:
-            limit = int(cfg.memory_limit_mb * _MIB)
-        elif record.measured_bytes:
-            # A margin over what the model was measured to need last time.
-            limit = int(record.measured_bytes * 2 + 256 * _MIB)
-            # Mapped weight files are not in the measured footprint, but their pages
-            # count in the worker's private memory while it is their only mapper.
-            limit += sum(f.size for f in self._admission.mapped_files(record))
-        spec = RuntimeSpec(
-            kind=cfg.runtime,
-            version_dir=str(record.path),
-            model_name=cfg.name,
-            trusted=cfg.trusted,
-            python_class=cfg.python_class,
-            # A core set's workers run one thread per core of the set.
-            intra_op_threads=len(parsed.cores) if parsed.cores else cfg.intra_op_threads,
-            share_weights=cfg.share_weights,
-            device=device,
-            cores=parsed.cores,
-            gpu_memory_limit_bytes=gpu_limit,
-            options=self.placer.offload.runtime_options(record, device),
-            model_file=record.model_file,
-        )
-        warmup = (
-            {k: np.asarray(v) for k, v in cfg.warmup_inputs.items()} if cfg.warmup_inputs else None
-        )
-        return StartRequest(spec, warmup, limit)
-
     async def spawn(
-        self, record: ModelRecord, device: str
+        self, record: ModelRecord, device: str, *, defer_footprint: bool = False
     ) -> tuple[ModelInstance, InstanceInfo, int]:
         """Start and warm up one worker of ``record`` on ``device``.
 
         Returns the instance, what it reported, and its footprint on the device: the
         worker's USS for CPU devices; for ``cuda:N``, the device memory NVML reports
-        for the worker's process (the USS when NVML cannot tell).
+        for the worker's process (the USS when NVML cannot tell). With
+        ``defer_footprint`` an instance that can measures later (``info.footprint_pending``).
         """
         instance = self._factory(record.config)
+        request = start_request(record, device, self.placer, self._admission)
+        if defer_footprint:
+            request = dataclasses.replace(request, defer_footprint=True)
         try:
-            info = await instance.start(self.start_request(record, device))
+            info = await instance.start(request)
         except ServerError:
             await instance.stop()
             raise
@@ -373,36 +339,34 @@ class Loader:
         except BaseException:
             await instance.stop()  # cancelled (load timeout, removal, close): no orphan
             raise
-        footprint = info.footprint_bytes
-        if info.pid is not None:
-            on_device = self.placer.devices.process_device_bytes(device, info.pid)
-            if on_device is not None:
-                footprint = on_device
-        return instance, info, footprint
+        if info.footprint_pending:
+            return instance, info, 0
+        return instance, info, self.footprints.device_bytes(device, info)
 
     async def _start_instance(self, record: ModelRecord) -> None:
-        instance, info, footprint = await self.spawn(record, record.device)
+        # Off the load's path where it can be (a CPU worker): the model serves on its
+        # reservation and the footprint is committed right after (manager/footprints.py).
+        defer = not self.placer.devices[record.device].parsed.is_cuda
+        instance, info, footprint = await self.spawn(record, record.device, defer_footprint=defer)
         record.instance = instance
         record.info = info
         record.timings.process_start_s = info.process_start_s
         record.timings.runtime_load_s = info.load_s
         record.timings.warmup_s = info.warmup_s
         self.set_state(record, ModelState.WARMING)
-        record.measured_bytes = footprint
-        device = record.device
-        if not self._admission.budget.resize(device, record.key, max(footprint, 1)):
-            # Measured more than reserved and the rest does not fit: make room or give up.
+        if not info.footprint_pending:
             try:
-                await self._admission.admit(record, footprint, None)
+                await self.footprints.commit(record, footprint)
             except ServerError:
                 await instance.stop()
                 record.instance = None
                 raise
-        record.reserved_bytes = self._admission.budget.reserved(device, record.key)
         instance.set_exit_callback(lambda reason: self.on_instance_exit(record, instance, reason))
         if self.on_ready is not None:
             await self.on_ready(record)
         self.set_state(record, ModelState.READY)
+        if info.footprint_pending:
+            self.footprints.later(record, instance)
         async with self._admission.changed:
             self._admission.changed.notify_all()
 

@@ -97,6 +97,8 @@ class ModelManager:
             on_ready=on_ready,
             on_unloaded=on_unloaded,
         )
+        self._loader.footprints.unload = lambda record, why: self._unload(record, reason=why)
+        self._loader.footprints.evict = lambda record, why: self.evict(record, reason=why)
         self.scaler = ReplicaScaler(
             records=self.records,
             loader=self._loader,

@@ -186,6 +186,9 @@ class ModelRecord:
     """When a prefetch started loading it, until a request uses it (None: not prefetched)."""
     offload: OffloadPlan | None = None
     """A GGUF model on a GPU: how many layers its last load put there, and why."""
+    footprint_pending: ModelInstance | None = None
+    """The instance serving on its admission reservation whose measured footprint is not
+    committed yet (``manager/footprints.py``); None once it is, or when none is pending."""
 
     def __post_init__(self) -> None:
         if not self.device:

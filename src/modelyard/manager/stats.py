@@ -31,6 +31,8 @@ class VersionView:
     isolation: str
     reserved_bytes: int
     measured_bytes: int | None
+    footprint_pending: bool
+    """Serving on its reservation; the measured footprint is committed next."""
     last_used_s_ago: float | None
     requests: int
     loads: int
@@ -78,6 +80,7 @@ class VersionView:
             isolation=record.config.isolation,
             reserved_bytes=record.reserved_bytes,
             measured_bytes=record.measured_bytes,
+            footprint_pending=record.footprint_pending is not None,
             last_used_s_ago=None if not s.last_used else round(now - s.last_used, 3),
             requests=s.requests,
             loads=s.loads,
@@ -118,6 +121,7 @@ class VersionView:
             "isolation": self.isolation,
             "reserved_bytes": self.reserved_bytes,
             "measured_bytes": self.measured_bytes,
+            "footprint_pending": self.footprint_pending,
             "last_used_s_ago": self.last_used_s_ago,
             "requests": self.requests,
             "loads": self.loads,

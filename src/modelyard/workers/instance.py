@@ -32,6 +32,9 @@ class InstanceInfo:
     warmup_s: float = 0.0
     pid: int | None = None
     details: dict[str, object] = field(default_factory=dict)
+    footprint_pending: bool = False
+    """True when ``footprint_bytes`` is not measured yet (``StartRequest.defer_footprint``):
+    :meth:`DeferredFootprint.measure_footprint` gives it once the model serves."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,21 @@ class StartRequest:
     """Explicit warm-up samples; None generates them from metadata."""
     memory_limit_bytes: int | None = None
     """Kernel-enforced limit for a process instance (ignored inline)."""
+    defer_footprint: bool = False
+    """Leave the footprint measurement out of the start when the instance can: the model
+    serves on its admission reservation at once and the manager asks for the measured
+    footprint right after (see :class:`DeferredFootprint`). Instances that cannot defer
+    measure in ``start`` as before."""
+
+
+@runtime_checkable
+class DeferredFootprint(Protocol):
+    """An instance that can measure its footprint after ``start`` (a worker process)."""
+
+    async def measure_footprint(self) -> InstanceInfo:
+        """The started instance's info with ``footprint_bytes`` measured now (and the
+        memory sample in ``details``); ServerError once the instance is gone."""
+        ...
 
 
 ExitCallback = Callable[[str], None]

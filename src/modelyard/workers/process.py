@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator
@@ -79,6 +80,10 @@ class ProcessInstance(WorkerLink):
     :class:`~modelyard.workers.worker_link.WorkerLink`'s; this class starts the worker
     and the model, serves calls, measures memory and stops the worker.
     """
+
+    _info: InstanceInfo | None = None
+    _spec: RuntimeSpec | None = None
+    _kv_cache_bytes = 0
 
     # ------------------------------------------------------------------ generation
 
@@ -137,11 +142,15 @@ class ProcessInstance(WorkerLink):
                 # Configured warm-up inputs (a generative runtime warmed up as it loaded).
                 await self._warm_up(request, loaded, deadline)
             warmup_s = loaded.warmup_s if loaded.warmup_s >= 0 else time.perf_counter() - t1
-            if loaded.rss_bytes >= 0:  # the worker measured itself (see _load)
+            sample: MemorySample | None = None
+            footprint, mapped = 0, 0
+            if request.defer_footprint:
+                pass  # measured once the model serves (measure_footprint)
+            elif loaded.rss_bytes >= 0:  # the worker measured itself (see _load)
                 sample = MemorySample(
                     loaded.rss_bytes, loaded.uss_bytes, loaded.pss_bytes, loaded.swap_bytes
                 )
-                footprint, mapped = sample.uss_bytes, 0
+                footprint = sample.uss_bytes
             else:
                 sample, footprint, mapped = await self._measure(request.spec)
             # llama.cpp allocates the whole KV cache at load, but its pages become
@@ -166,7 +175,7 @@ class ProcessInstance(WorkerLink):
         self._ready = True
         assert self._handle is not None
         details: dict[str, object] = {
-            **sample.as_details(),
+            **(sample.as_details() if sample is not None else {}),
             "start_method": self._handle.start_method,
             "from_spare": self._from_spare,
             "memory_limit_backend": self._factory.memory_limit_backend,
@@ -177,7 +186,8 @@ class ProcessInstance(WorkerLink):
             details["context_length"] = loaded.context_length
             details["parallel"] = loaded.parallel
             details["kv_cache_bytes"] = loaded.kv_cache_bytes
-        return InstanceInfo(
+        self._spec, self._kv_cache_bytes = request.spec, loaded.kv_cache_bytes
+        self._info = InstanceInfo(
             inputs=list(loaded.inputs),
             outputs=list(loaded.outputs),
             supports_batching=loaded.supports_batching,
@@ -189,7 +199,9 @@ class ProcessInstance(WorkerLink):
             warmup_s=warmup_s,
             pid=self._handle.pid,
             details=details,
+            footprint_pending=request.defer_footprint,
         )
+        return self._info
 
     async def _launch(self, loop: asyncio.AbstractEventLoop) -> None:
         spare = self._factory.take_spare()
@@ -236,7 +248,7 @@ class ProcessInstance(WorkerLink):
         # Generated warm-up inputs: the worker warms up as it loads, and then measures
         # itself unless mapped weight files must be told apart (``_measure``).
         warm_up = request.warmup_inputs is None and spec.kind not in GENERATIVE_KINDS
-        measure = warm_up and not spec.share_weights
+        measure = warm_up and not spec.share_weights and not request.defer_footprint
         self._send(Load(seq, spec, request.memory_limit_bytes, warm_up, measure), seq)
         reply = await self._wait_reply(deadline, self._load_timeout_s)
         if isinstance(reply, Failed):
@@ -338,7 +350,9 @@ class ProcessInstance(WorkerLink):
                     self._channel.send(Stop())
             try:
                 async with asyncio.timeout(self._factory.config.stop_grace_s):
-                    await asyncio.shield(handle.exited)
+                    # Gone, not yet reported: the fork server's report (and the cleanup
+                    # of the limit) follows through the exit callback.
+                    await handle.wait_gone()
             except TimeoutError:
                 await self._kill_and_wait("killed after not exiting within its stop grace")
         watchdog, self._watchdog = self._watchdog, None
@@ -359,6 +373,21 @@ class ProcessInstance(WorkerLink):
             return await asyncio.to_thread(sample_memory, pid)
         except psutil.NoSuchProcess:
             raise self._not_serving() from None
+
+    async def measure_footprint(self) -> InstanceInfo:
+        """The start's info with the footprint measured now (a start that deferred it)."""
+        info, spec = self._info, self._spec
+        if info is None or spec is None or not self._ready:
+            raise self._not_serving()
+        sample, footprint, mapped = await self._measure(spec)
+        details = {**info.details, **sample.as_details(), "mapped_weight_private_bytes": mapped}
+        self._info = dataclasses.replace(
+            info,
+            footprint_bytes=footprint + self._kv_cache_bytes,
+            details=details,
+            footprint_pending=False,
+        )
+        return self._info
 
     async def _measure(self, spec: RuntimeSpec) -> tuple[MemorySample, int, int]:
         """The worker's memory sample, its USS less the mapped weight files' private

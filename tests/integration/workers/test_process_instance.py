@@ -29,6 +29,15 @@ def _in_process(version_dir: Path, feeds: dict[str, np.ndarray]) -> list[np.ndar
     return [np.asarray(v) for v in session.run(None, feeds)]
 
 
+def _has_exited(pid: int) -> bool:
+    """Gone, or a zombie its reaper (the fork server) has not collected yet: either way
+    its memory is freed (a stop returns at the exit, not at the reaping)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 async def test_mlp_matches_onnxruntime_in_process(
     start_instance: Starter, onnx_dirs: dict[str, Path]
 ) -> None:
@@ -64,6 +73,53 @@ async def test_start_reports_tensors_footprint_and_timings(
         assert sample.rss_bytes > 0
     finally:
         await instance.stop()
+
+
+async def test_a_deferred_start_serves_first_and_measures_after(
+    factory: WorkerFactory, onnx_dirs: dict[str, Path]
+) -> None:
+    """``defer_footprint``: the start reads no memory (the model serves at once); the
+    footprint comes from ``measure_footprint`` afterwards, the same USS a start measures."""
+    instance = ProcessInstance(factory)
+    spec = onnx_spec(onnx_dirs["mlp"], "mlp")
+    info = await instance.start(StartRequest(spec, defer_footprint=True))
+    try:
+        assert info.footprint_pending
+        assert "uss_bytes" not in info.details, "measured inside the start after all"
+        x = np.ones((1, MLP_IN), np.float32)
+        (expected,) = _in_process(onnx_dirs["mlp"], {"x": x})
+        out = await instance.infer({"x": x}, timeout_s=5.0)
+        np.testing.assert_array_equal(out["y"], expected)
+        measured = await instance.measure_footprint()
+        assert not measured.footprint_pending
+        uss = int(str(measured.details["uss_bytes"]))
+        assert measured.footprint_bytes == uss > 0
+        assert measured.details["start_method"] == info.details["start_method"]
+    finally:
+        await instance.stop()
+    with pytest.raises(ModelNotReadyError):
+        await instance.measure_footprint()
+
+
+async def test_stop_returns_once_the_worker_has_gone_not_once_reported(
+    factory: WorkerFactory, onnx_dirs: dict[str, Path]
+) -> None:
+    """A stop (whose return frees the model's budget) ends when the worker's process has
+    exited, seen through its pidfd, not one hop later when the fork server has reaped it
+    and reported the code: a paused fork server delays only the report."""
+    instance = ProcessInstance(factory)
+    await instance.start(StartRequest(onnx_spec(onnx_dirs["identity"], "identity")))
+    pid = instance.pid
+    assert pid is not None
+    assert factory.fork_server_info is not None
+    fork_server = psutil.Process(factory.fork_server_info.pid)
+    fork_server.suspend()
+    try:
+        # Well within the stop grace (1 s): the report never comes while paused.
+        await asyncio.wait_for(instance.stop(), 0.8)
+        assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, "exited, not reaped"
+    finally:
+        fork_server.resume()
 
 
 async def test_every_datatype_round_trips(
@@ -188,7 +244,7 @@ async def test_stop_ends_the_process_and_gives_its_memory_back(start_instance: S
     await instance.stop()
 
     assert not instance.is_alive
-    assert not psutil.pid_exists(pid)
+    assert _has_exited(pid), "its memory is the system's again"
     with pytest.raises(ModelNotReadyError):
         await instance.infer({"x": np.array([[0]], np.float32)}, timeout_s=1.0)
 
