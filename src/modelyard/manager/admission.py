@@ -353,10 +353,7 @@ class Admission:
         """Whom to stop now for ``missing`` bytes on ``device``, or to wait (and how often
         to look again): spare replicas, victims, poll interval.
 
-        In this order (issue 16: under concurrency the budget is often full of loads in
-        progress and of models serving requests; evicting whatever was READY made the
-        hottest model thrash, and evicting a model its waiting request had just loaded
-        sent that request round again):
+        In this order (issue 16: evicting whatever was READY made the hottest model thrash):
 
         0. spare replicas on the device, idlest first (spare capacity costs no reload);
         1. idle models outside the hot decile, in the policy's order;
@@ -382,6 +379,9 @@ class Admission:
         # once loaded; but only loads already admitted (holding a reservation) and not
         # waiting for room themselves: two loads waiting for room, to start or to grow
         # after measuring, could each wait for the other forever.
+        # A footprint commit waiting to grow never waits for a load: a load waits for it.
+        waits = [] if record.footprint_pending else [r for r in loading if r.footprint_pending]
+        growing = [r for r in waits if (device, r.key) in self._waiting]
         loading = [r for r in loading if (device, r.key) not in self._waiting]
         admitted = [r for r in loading if self.budget.reserved(device, r.key) > 0]
         others = ready + loading
@@ -395,7 +395,7 @@ class Admission:
         victims = self.victims(record, missing, files, keys, device=device, hot=hot)
         if victims is not None:
             return spares, victims, None
-        every = keys + [k for r in others for k in self.holders(r, device)]
+        every = keys + [k for r in others + growing for k in self.holders(r, device)]
         if self.budget.freed_by(device, every, files) < missing:
             raise self.refusal(record, whole_need, device)
         return spares, [], _BUSY_POLL_S
