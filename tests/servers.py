@@ -126,6 +126,27 @@ def _is_worker(process: psutil.Process) -> bool:
 _INTERPRETER = os.path.realpath(sys.executable)
 
 
+async def settled(app: App, timeout_s: float = 20.0) -> None:
+    """Return once every measured footprint is committed and no model is on its way out.
+
+    A model serves on its reservation before its footprint is measured; committing the
+    measurement may then evict colder models (``manager/footprints.py``). So the answer
+    to the request that loaded a model can arrive before the eviction it causes ends: a
+    test that checks who is resident after a load waits for that here.
+    """
+    from modelyard.manager.states import ModelState
+    from tests.polling import wait_until
+
+    leaving = (ModelState.DRAINING, ModelState.UNLOADING)
+
+    def calm() -> bool:
+        return all(
+            r.footprint_pending is None and r.state not in leaving for r in app.manager.records()
+        )
+
+    await wait_until(calm, timeout_s, what="footprints committed and evictions ended")
+
+
 async def committed_stats(
     client: httpx.AsyncClient, name: str, version: str | None = None, timeout_s: float = 10.0
 ) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from modelyard.examples.mlp import build_mlp_onnx
 from tests.fakes.fault_models import SLOW
 from tests.integration.conftest import python_model
 from tests.polling import wait_until
-from tests.servers import running_server, write_config
+from tests.servers import running_server, settled, write_config
 
 MIB = 1024 * 1024
 
@@ -67,9 +67,11 @@ async def test_lru_eviction_makes_room_and_pinned_is_never_evicted(
     )
     async with running_server(cfg) as (app, client):
         assert (await _infer(client, "mlp20-1")).status_code == 200
+        await settled(app)
         assert _states(app)["mlp20-1"] == "READY"
         r = await _infer(client, "mlp20-2")
         assert r.status_code == 200, r.text
+        await settled(app)
         states = _states(app)
         assert states["mlp20-0"] == "READY", "the pinned model stays"
         assert states["mlp20-1"] == "UNLOADED", "the least recently used unpinned model left"
@@ -138,6 +140,7 @@ async def test_a_victim_with_requests_in_flight_drains_first(
             done = await task
             assert done.status_code == 200, "eviction must not fail a request"
             assert done.json()["outputs"][0]["data"] == [SLOW]
+        await settled(app)
         assert _states(app)["faulty"] == "UNLOADED"
         events = [e["kind"] for e in (await client.get("/v2/stats")).json()["events"]]
         assert "evicted" in events
@@ -178,6 +181,7 @@ async def test_concurrent_loads_never_over_commit(
             r.text for b in rounds for r in b if r.status_code != 200
         ]
         assert samples > 50
+        await settled(app)
         resident = sum(1 for s in _states(app).values() if s == "READY")
         assert 1 <= resident < 6
         assert sum(r.stats.evictions for r in app.manager.records()) >= 3
