@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -104,9 +105,11 @@ def bare_once(path: Path) -> dict[str, float]:
 WORKER_DETAILS: dict[str, Any] = {}
 """``server/model`` → the worker details ``/v2/stats`` showed after its last load."""
 
-SERVERS = ("spare", "fork")
+SERVERS = ["spare", "fork"]
 """``spare``: ``spare_workers: 1`` (a load claims an idle, pre-started worker);
-``fork``: ``spare_workers: 0`` (a load forks its worker from the fork server)."""
+``fork``: ``spare_workers: 0`` (a load forks its worker from the fork server);
+with ``--baseline-src DIR``, ``base``: ``spare_workers: 1`` on the sources in ``DIR``."""
+SPARED = ("spare", "base")
 SPARE_WAIT_S = 10.0
 
 
@@ -167,10 +170,17 @@ def _median(rows: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
 
+def _sources_first(src: str) -> dict[str, str]:
+    """This environment with the modelyard sources in ``src`` first on PYTHONPATH."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    return env
+
+
 def _write_config(root: Path, entries: list[dict[str, Any]], label: str, budget_mb: float) -> Path:
     path = _server.write_config(root, entries, name=f"{label}.yaml", budget_mb=budget_mb)
     config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    config["spare_workers"] = 1 if label == "spare" else 0
+    config["spare_workers"] = 1 if label in SPARED else 0
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
 
@@ -180,7 +190,7 @@ def _variants(
 ) -> list[tuple[str, Callable[[], dict[str, float]]]]:
     def load(label: str) -> Callable[[], dict[str, float]]:
         def run() -> dict[str, float]:
-            if label == "spare":
+            if label in SPARED:
                 wait_for_spare(servers[label])
             return load_once(servers[label], name, label)
 
@@ -188,7 +198,7 @@ def _variants(
 
     def first(label: str) -> Callable[[], dict[str, float]]:
         def run() -> dict[str, float]:
-            if label == "spare":
+            if label in SPARED:
                 wait_for_spare(servers[label])
             return first_infer_once(servers[label], name, _infer_body(name))
 
@@ -219,6 +229,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     _server.Server(
                         _write_config(root, entries, label, args.budget_mb),
                         root / f"{label}.log",
+                        env=_sources_first(args.baseline_src) if label == "base" else None,
                     )
                 )
                 for label in SERVERS
@@ -338,7 +349,12 @@ def main() -> None:
     parser.add_argument("--sizes-mb", default="1,50,200", help="MLP sizes (%(default)s)")
     parser.add_argument("--repeats", type=int, default=7, help="measured repeats (%(default)s)")
     parser.add_argument("--budget-mb", type=float, default=4096, help="server memory budget")
+    parser.add_argument(
+        "--baseline-src", default=None, help="modelyard sources of a third server (`base`)"
+    )
     args = parser.parse_args()
+    if args.baseline_src:
+        SERVERS.append("base")
     if args.quick:
         args.sizes_mb, args.repeats = "1,50", 3
     env = _server.environment()
@@ -355,6 +371,11 @@ def main() -> None:
         f"load/bare ratio: {max(s['spare_ratio_load'] for s in result['summary'].values()):.2f}x"
         f" (target <= {TARGET_RATIO}x for the MLPs)"
     )
+    if "base" in SERVERS:
+        verdict += "; baseline sources with a spare: " + ", ".join(
+            f"{name} {s['base_ratio_load']:.2f}x (this tree {s['spare_ratio_load']:.2f}x)"
+            for name, s in result["summary"].items()
+        )
     print(f"\nmedians of {args.repeats} repeats; {env}\n")
     print(table)
     print(f"\n{verdict}")

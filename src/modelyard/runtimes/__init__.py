@@ -24,6 +24,19 @@ def create_generative_runtime(kind: str) -> GenerativeRuntime:
     raise ValueError(f"unknown generative runtime {kind!r}")
 
 
+WARMABLE_KINDS = frozenset({"onnx"})
+"""Runtimes with process-wide state that a spare worker can start ahead (:func:`prewarm`)."""
+
+
+def prewarm(kind: str) -> None:
+    """Start ``kind``'s process-wide state in this (spare) worker; a no-op for runtimes
+    without any (see :data:`WARMABLE_KINDS`)."""
+    if kind == "onnx":
+        from modelyard.runtimes.onnx import prewarm as prewarm_onnx
+
+        prewarm_onnx()
+
+
 def create_runtime(kind: str) -> Runtime:
     """A new, unloaded runtime of ``kind``: ``onnx``, ``sklearn``, ``python``; with their
     extras ``torch``, ``xgboost``, ``lightgbm``, ``mlflow`` and ``huggingface``.
@@ -70,10 +83,12 @@ def create_runtime(kind: str) -> Runtime:
 
 __all__ = [
     "GENERATIVE_KINDS",
+    "WARMABLE_KINDS",
     "GenerativeRuntime",
     "Runtime",
     "RuntimeSpec",
     "TensorSpec",
     "create_generative_runtime",
     "create_runtime",
+    "prewarm",
 ]

@@ -28,6 +28,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from modelyard.runtimes import WARMABLE_KINDS
 from modelyard.workers.channel import SharedRegion, socket_pair
 from modelyard.workers.forkserver import DEFAULT_PRELOAD, preload_for
 from modelyard.workers.handle import StartMethod, WorkerHandle, WorkerStartError
@@ -77,6 +78,9 @@ class WorkerFactoryConfig:
     spare_workers: int = 0
     """Idle workers kept started ahead (``spares.py``); the server sets it from its
     ``spare_workers`` setting, and 0 (here the default) keeps none."""
+    warm: tuple[str, ...] = ()
+    """Runtime kinds a spare starts ahead while it idles (``WARMABLE_KINDS`` of those the
+    repository uses)."""
 
 
 class WorkerFactory:
@@ -106,7 +110,14 @@ class WorkerFactory:
         """A factory on the defaults whose fork server also preloads what the runtime
         ``kinds`` need (``RUNTIME_PRELOAD``: llama-cpp-python for ``llama_cpp``) and
         that keeps ``spare_workers`` idle workers ready."""
-        return cls(WorkerFactoryConfig(preload=preload_for(kinds), spare_workers=spare_workers))
+        kinds = set(kinds)
+        # onnx is the runtime of a model nothing declares (a discovered folder).
+        warm = (kinds or {"onnx"}) & WARMABLE_KINDS
+        return cls(
+            WorkerFactoryConfig(
+                preload=preload_for(kinds), spare_workers=spare_workers, warm=tuple(sorted(warm))
+            )
+        )
 
     # -------------------------------------------------------------------- lifecycle
 
@@ -146,7 +157,9 @@ class WorkerFactory:
                 await self.close()
                 raise
         if self.config.spare_workers > 0:
-            self._spares = SparePool(self.config.spare_workers, self.launch, self._limiter)
+            self._spares = SparePool(
+                self.config.spare_workers, self.launch, self._limiter, self.config.warm
+            )
             self._spares.start()
 
     # ------------------------------------------------------------------------ spares

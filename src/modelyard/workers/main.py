@@ -34,6 +34,7 @@ from modelyard.runtimes import (
     Runtime,
     create_generative_runtime,
     create_runtime,
+    prewarm,
 )
 from modelyard.runtimes.errors import classify_runtime_error
 from modelyard.runtimes.warmup import make_warmup_inputs
@@ -54,6 +55,7 @@ from modelyard.workers.messages import (
     Loaded,
     StatsQuery,
     Stop,
+    Warm,
 )
 
 _PR_SET_PDEATHSIG = 1
@@ -82,7 +84,7 @@ def _infer_error(exc: BaseException, limit_bytes: int | None) -> ErrorInfo:
     return _error_info(err)
 
 
-def _load(runtime: Runtime, msg: Load) -> Loaded:
+def _load(runtime: Runtime, msg: Load, warmed: tuple[str, ...]) -> Loaded:
     t0 = time.perf_counter()
     runtime.load(msg.spec)
     return Loaded(
@@ -91,6 +93,7 @@ def _load(runtime: Runtime, msg: Load) -> Loaded:
         tuple(runtime.outputs),
         runtime.supports_batching,
         time.perf_counter() - t0,
+        warmed=warmed,
     )
 
 
@@ -135,8 +138,26 @@ def serve(channel_fd: int, region_fd: int, region_bytes: int) -> int:
         channel.close()
 
 
+def _warm(kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """Start runtimes ahead in a spare (:class:`Warm`); those that started. A failure
+    costs only the head start: the model's own load meets the same error and reports it."""
+    started = []
+    for kind in kinds:
+        try:
+            prewarm(kind)
+        except Exception as exc:
+            print(f"modelyard worker: could not warm {kind}: {exc!r}", file=sys.stderr)
+        else:
+            started.append(kind)
+    return tuple(started)
+
+
 def _serve(channel: BlockingChannel, region: SharedRegion) -> int:
     first = channel.recv()
+    warmed: tuple[str, ...] = ()
+    while isinstance(first, Warm):
+        warmed += _warm(first.kinds)
+        first = channel.recv()
     if not isinstance(first, Load):
         return 0 if first is None or isinstance(first, Stop) else 2
     if first.spec.kind in GENERATIVE_KINDS:
@@ -144,7 +165,7 @@ def _serve(channel: BlockingChannel, region: SharedRegion) -> int:
     try:
         first = msgspec.structs.replace(first, spec=enter_device(first.spec))
         runtime = create_runtime(first.spec.kind)
-        loaded = _load(runtime, first)
+        loaded = _load(runtime, first, warmed)
     except Exception as exc:
         message = f"model {first.spec.model_name!r} failed to load: {type(exc).__name__}: {exc}"
         info = ErrorInfo(ErrorCode.MODEL_LOAD_FAILED.value, message, traceback.format_exc())

@@ -55,6 +55,14 @@ class Hello(msgspec.Struct, frozen=True, array_like=True, tag="h"):
     seq: int = 0
 
 
+class Warm(msgspec.Struct, frozen=True, array_like=True, tag="w"):
+    """Server → spare worker, while it idles: start these runtimes ahead (their
+    process-wide state: ONNX Runtime's environment and kernel registry), so that the
+    model's own load skips what every first load of a process pays."""
+
+    kinds: tuple[str, ...]
+
+
 class Load(msgspec.Struct, frozen=True, array_like=True, tag="l"):
     """Server → worker: load this model."""
 
@@ -89,6 +97,8 @@ class Loaded(msgspec.Struct, frozen=True, array_like=True, tag="L"):
     uss_bytes: int = 0
     pss_bytes: int = 0
     swap_bytes: int = 0
+    warmed: tuple[str, ...] = ()
+    """The runtimes this worker had started ahead, as a spare (:class:`Warm`)."""
 
 
 class Infer(msgspec.Struct, frozen=True, array_like=True, tag="i"):
@@ -196,6 +206,7 @@ class WorkerExited(msgspec.Struct, frozen=True, array_like=True, tag="E"):
 
 Message = (
     Hello
+    | Warm
     | Load
     | Loaded
     | Infer

@@ -178,6 +178,7 @@ class ProcessInstance(WorkerLink):
             **(sample.as_details() if sample is not None else {}),
             "start_method": self._handle.start_method,
             "from_spare": self._from_spare,
+            "warmed_runtimes": list(loaded.warmed),
             "memory_limit_backend": self._factory.memory_limit_backend,
             "memory_limit_bytes": request.memory_limit_bytes,
             "mapped_weight_private_bytes": mapped,

@@ -3,7 +3,10 @@
 A spare is a worker like any other (forked by the fork server, or spawned), started
 before any model needs it: its process exists, its channel and shared region are open,
 its ``Hello`` waits unread in the channel, and with a cgroup backend it already sits in
-its own group (:meth:`MemoryLimiter.place`; moving a pid into a group costs 5-13 ms).
+its own group (:meth:`MemoryLimiter.place`; moving a pid into a group costs 5-13 ms),
+and the runtimes the repository uses have started their process-wide state in it
+(:class:`~modelyard.workers.messages.Warm`: ONNX Runtime's first session costs 6-10 ms
+in a process, each later one 0.5-3 ms).
 It has not loaded anything, so it belongs to no device yet: a worker enters its device
 (core set, CUDA device) when its ``Load`` arrives, and any spare serves any device.
 
@@ -30,6 +33,7 @@ from typing import Final
 from modelyard.workers.channel import SharedRegion, socket_pair
 from modelyard.workers.handle import WorkerHandle, WorkerStartError
 from modelyard.workers.limits import MemoryLimit, MemoryLimiter, MemoryLimitError
+from modelyard.workers.messages import Warm, encode
 
 __all__ = ["Launch", "Spare", "SparePool"]
 
@@ -65,8 +69,12 @@ class Spare:
 class SparePool:
     """Keeps ``size`` spare workers ready; see the module docstring."""
 
-    def __init__(self, size: int, launch: Launch, limiter: MemoryLimiter) -> None:
+    def __init__(
+        self, size: int, launch: Launch, limiter: MemoryLimiter, warm: tuple[str, ...] = ()
+    ) -> None:
         self.size = size
+        self.warm = warm
+        """Runtime kinds each new spare starts ahead while it idles (:class:`Warm`)."""
         self._launch = launch
         self._limiter = limiter
         self._spares: list[Spare] = []
@@ -156,6 +164,9 @@ class SparePool:
         finally:
             theirs.close()
         self.made += 1
+        if self.warm:
+            # Read after its Hello is sent; a Load that follows waits behind it.
+            ours.send(encode(Warm(self.warm)))
         spare = Spare(handle, ours, region, None, time.monotonic())
         handle.exited.add_done_callback(lambda _: self._on_exit(spare))
         try:

@@ -17,10 +17,19 @@ import psutil
 import pytest
 
 from modelyard.workers.factory import WorkerFactory
+from modelyard.workers.instance import StartRequest
 from modelyard.workers.limits import Cgroup1Limiter, Cgroup2Limiter
+from modelyard.workers.process import ProcessInstance
 from tests.polling import wait_until
 
-from .conftest import TEST_FACTORY_CONFIG, Starter, instances_on, is_gone, onnx_spec
+from .conftest import (
+    TEST_FACTORY_CONFIG,
+    Starter,
+    fault_spec,
+    instances_on,
+    is_gone,
+    onnx_spec,
+)
 
 MIB = 1024 * 1024
 READY_S = 10.0
@@ -134,3 +143,38 @@ async def test_closing_the_factory_reaps_its_spares_and_their_groups() -> None:
     assert factory.spare_pids == []
     if isinstance(limiter, Cgroup1Limiter | Cgroup2Limiter):
         assert list(limiter.base.glob(f"modelyard-{os.getpid()}-*")) == []
+
+
+async def test_a_spare_warms_its_runtimes_ahead_and_still_serves_any_model(
+    onnx_dirs: dict[str, Path],
+) -> None:
+    """A spare told to warm ONNX Runtime reports it in its load; a spare that was not
+    reports nothing; a warmed spare serves a model of another runtime just as well."""
+    warm = dataclasses.replace(TEST_FACTORY_CONFIG, spare_workers=1, warm=("onnx",))
+    cold = dataclasses.replace(TEST_FACTORY_CONFIG, spare_workers=1)
+    x = np.ones((2, 4), np.float32)
+    cases = [
+        (warm, onnx_spec(onnx_dirs["identity"]), "x", ["onnx"]),
+        (warm, fault_spec("EchoModel"), "x", ["onnx"]),
+        (cold, onnx_spec(onnx_dirs["identity"]), "x", []),
+    ]
+    for config, spec, input_name, expected in cases:
+        factory = WorkerFactory(config)
+        await factory.start()
+        instance = ProcessInstance(factory)
+        try:
+            spare_pid = await _one_spare(factory)
+            info = await instance.start(StartRequest(spec))
+            assert instance.pid == spare_pid
+            assert info.details["warmed_runtimes"] == expected, spec.kind
+            out = await instance.infer({input_name: x}, 5.0)
+            np.testing.assert_array_equal(next(iter(out.values())), x)
+        finally:
+            await instance.stop()
+            await factory.close()
+
+
+def test_the_factory_warms_the_repositorys_onnx_runtime_only() -> None:
+    assert WorkerFactory.for_runtimes(["onnx", "sklearn"], 1).config.warm == ("onnx",)
+    assert WorkerFactory.for_runtimes(["python"], 1).config.warm == ()
+    assert WorkerFactory.for_runtimes([], 1).config.warm == ("onnx",), "discovered: onnx"
