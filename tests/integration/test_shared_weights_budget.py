@@ -81,7 +81,9 @@ async def test_two_versions_mapping_one_file_are_charged_for_it_once(
         # runtime's code pages it touched first, about 10 MiB here: why this compares with
         # its USS rather than a fixed size); version 2's USS holds neither.
         assert v1.info is not None
-        assert dev.reservations[v1.key] <= v1.info.details["uss_bytes"] - 0.9 * weights.size
+        uss = v1.info.details["uss_bytes"]
+        assert isinstance(uss, int)
+        assert dev.reservations[v1.key] <= uss - 0.9 * weights.size
         assert dev.reservations[v2.key] < weights.size / 2
         assert dev.reserved_bytes == (
             dev.reservations[v1.key] + dev.reservations[v2.key] + weights.size
