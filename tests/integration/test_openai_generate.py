@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 
 from modelyard.app import App
+from tests.polling import wait_until
 from tests.servers import running_server, write_config
 
 pytest.importorskip("llama_cpp", reason="the llm extra installs llama-cpp-python")
@@ -257,7 +258,9 @@ async def test_a_full_queue_is_a_429_rate_limit_error(served: Served) -> None:
     running = await long_stream()  # headers come with its first text: it holds the slot
     queued = asyncio.create_task(long_stream())
     try:
-        await asyncio.sleep(0.2)  # the second request reaches the queue
+        gate = served.app.dataplane.generation.generation_gate("tiny-long", "1")
+        assert gate is not None
+        await wait_until(lambda: gate.queued == 1, 30.0, what="the second request is queued")
         assert not queued.done()
         with pytest.raises(openai.RateLimitError) as info:
             await stock.completions.create(model="tiny-long", prompt=PROMPT, max_tokens=4)

@@ -11,6 +11,7 @@ import pytest
 
 from modelyard.examples.mlp import build_add_onnx
 from modelyard.repository.manifest import MANIFEST_NAME, verify_manifest, write_manifest
+from tests.polling import wait_until
 from tests.servers import running_server, write_config
 
 BODY = {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [0, 0, 0, 0]}]}
@@ -68,10 +69,11 @@ async def test_blue_green_switch_under_load_loses_nothing(two_versions: Path) ->
                 seen.append(data[0])
 
         clients = [asyncio.create_task(load_client()) for _ in range(6)]
-        await asyncio.sleep(0.3)
+        await wait_until(lambda: len(seen) >= 20, 30.0, what="version 1 serving under load")
         r = await client.post("/v2/repository/models/add/aliases/default", json={"version": "2"})
         assert r.status_code == 200, r.text
-        await asyncio.sleep(0.3)
+        switched = len(seen)
+        await wait_until(lambda: len(seen) >= switched + 20, 30.0, what="answers after the switch")
         stop.set()
         await asyncio.gather(*clients)
         assert failures == []
