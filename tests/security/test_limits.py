@@ -22,6 +22,7 @@ from modelyard.frontends.grpc.convert import request_to_proto
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from modelyard.frontends.http.connections import overflow_connections
 from modelyard.protocol.types import InferInput, InferRequest
+from tests.polling import wait_until
 from tests.servers import running_server, write_config
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -265,7 +266,12 @@ async def test_busy_connections_at_the_cap_get_503_and_descriptors_stay_bounded(
         assert port is not None
         assert app._http is not None
         busy = [await _busy(port) for _ in range(connection_cap)]
-        await asyncio.sleep(0.1)
+        server_state = app._http.server_state
+        await wait_until(
+            lambda: len(server_state.connections) >= connection_cap,
+            30.0,
+            what="the server has taken every busy connection",
+        )
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as fresh:
             r = await fresh.post("/v2/models/add/infer", json=body(1))
             assert r.status_code == 503
