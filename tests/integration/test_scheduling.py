@@ -195,7 +195,7 @@ async def test_a_client_that_disconnects_has_its_queued_request_removed(slow_con
         assert (await blocker).status_code == 200
         scheduler = app.manager.resolve("faulty", None).scheduler
         assert scheduler is not None
-        await wait_until(lambda: scheduler.counters["cancelled"] == 1, timeout_s=1.0)
+        await wait_until(lambda: scheduler.counters["cancelled"] == 1, timeout_s=10.0)
         counters = scheduler.counters
         assert counters["cancelled"] == 1
         assert counters["model_calls"] == 1, "only the blocker ran; the cancelled one never did"
