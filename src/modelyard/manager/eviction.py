@@ -222,6 +222,8 @@ RATE_HALF_LIFE_S = 1800.0
 """``arrival-cost``'s memory: an episode counts half as much after half an hour."""
 CORRELATED_S = 1.0
 """Requests closer together than this are one episode (a burst pays one cold start)."""
+LOADS_KEPT = 5
+"""``arrival-cost`` takes a model's reload time as the fastest of this many last loads."""
 
 
 class ArrivalCostPolicy:
@@ -256,14 +258,32 @@ class ArrivalCostPolicy:
         self.correlated_s = correlated_s
         self.now = 0.0
         self._last: dict[ModelKey, float] = {}
+        self._loads: dict[ModelKey, tuple[int, list[float]]] = {}
+        """Per model: its load count when last seen, and its last loads' durations."""
 
     def value(self, record: ModelRecord) -> float:
         """Expected reload seconds per MiB that keeping ``record`` saves (relative)."""
         key = record.key
         idle = self.now - self._last.get(key, self.now)
         rate = self.episodes.demand(key, self.now)
-        cost = reload_seconds(record) / _size_mib(record)
+        cost = self.reload_s(record) / _size_mib(record)
         return rate * cost * self.gaps.urgency(key, idle)
+
+    def reload_s(self, record: ModelRecord) -> float:
+        """The fastest of the model's last :data:`LOADS_KEPT` loads (its last one's
+        duration until the policy has seen it load).
+
+        A load's measured duration includes waiting for a core while other loads run;
+        eight concurrent loads on two cores make each look four times as expensive, and
+        a ranking proportional to it would follow the contention, not the model.
+        """
+        seen = self._loads.get(record.key)
+        n = record.stats.loads
+        if record.timings.total_s > 0 and n > 0 and (seen is None or seen[0] != n):
+            own = max(record.timings.total_s - record.timings.queue_wait_s, 1e-6)
+            kept = [*(seen[1] if seen else ()), own][-LOADS_KEPT:]
+            self._loads[record.key] = seen = (n, kept)
+        return min(seen[1]) if seen else reload_seconds(record)
 
     def order(self, candidates: Sequence[ModelRecord]) -> list[ModelRecord]:
         """Idle before busy, lower importance first, then lowest value, then oldest use."""

@@ -7,6 +7,7 @@ each test pins one factor and checks the order against the policies that lack it
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from modelyard.config.model_config import ModelConfig
 from modelyard.manager.eviction import (
     ArrivalCostPolicy,
     DecayedGdsfPolicy,
+    EvictionPolicy,
     LfuPolicy,
     make_policy,
     select_victims,
@@ -32,13 +34,13 @@ def _record(name: str, *, mib: int = 10, load_s: float = 0.1) -> ModelRecord:
     return r
 
 
-def _ask(policies: list[object], record: ModelRecord, times: list[float]) -> None:
+def _ask(policies: Sequence[EvictionPolicy], record: ModelRecord, times: list[float]) -> None:
     """Tell every policy of requests for ``record`` at ``times`` (as the manager does)."""
     for t in times:
         record.stats.requests += 1
         record.stats.last_used = t
         for p in policies:
-            p.on_request(record, t)  # type: ignore[attr-defined]
+            p.on_request(record, t)
 
 
 def _names(records: list[ModelRecord]) -> list[str]:
@@ -152,3 +154,22 @@ def test_memoryless_gaps_give_an_urgency_near_one() -> None:
 def test_it_is_configurable_by_name() -> None:
     assert isinstance(make_policy("arrival-cost"), ArrivalCostPolicy)
     assert make_policy("arrival-cost").name == "arrival-cost"
+
+
+def test_a_load_slowed_by_contention_does_not_set_the_reload_time() -> None:
+    # Its first load took 0.1 s; the next waited for a core behind three others and
+    # measured 0.4 s. The policy keeps ranking it by 0.1 s until five slow loads in a row.
+    policy = ArrivalCostPolicy()
+    r = _record("m", load_s=0.1)
+    r.stats.loads = 1
+    assert policy.reload_s(r) == pytest.approx(0.1)
+    r.stats.loads, r.timings.total_s = 2, 0.4
+    assert policy.reload_s(r) == pytest.approx(0.1)
+    for n in range(3, 7):
+        r.stats.loads = n
+        policy.reload_s(r)
+    assert policy.reload_s(r) == pytest.approx(0.4)
+    # A queue wait the loader measured (load slots) is not the model's own time either.
+    q = _record("q", load_s=0.5)
+    q.stats.loads, q.timings.queue_wait_s = 1, 0.3
+    assert policy.reload_s(q) == pytest.approx(0.2)
