@@ -7,8 +7,8 @@ and reports each policy's cold-start seconds against LRU without the hot-model r
 (the old default) and against Belady's MIN on the same trace. Then prefetch on the
 pipeline and Zipf traces (hidden seconds, wasted loads), and 200 models mostly cold.
 
-    .venv/bin/python bench/bench_cache.py            # 100 models, 20,000 requests, 3 seeds
-    .venv/bin/python bench/bench_cache.py --quick
+    PYTHONPATH=src .venv/bin/python bench/bench_cache.py   # 100 models, 20,000 requests, 3 seeds
+    PYTHONPATH=src .venv/bin/python bench/bench_cache.py --quick
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from modelyard.config.settings import PrefetchConfig
 from modelyard.simulation.engine import SimResult, simulate
 from modelyard.simulation.traces import azure_like, heterogeneous_models, standard_traces, zipf
 
-POLICIES = ["lru", "lfu", "cost", "gdsf-decay"]
+POLICIES = ["lru", "lfu", "cost", "gdsf-decay", "arrival-cost"]
 
 
 def _policy_table(seeds: int, n_models: int, n_requests: int) -> list[dict[str, object]]:
@@ -68,7 +68,28 @@ def _policy_table(seeds: int, n_models: int, n_requests: int) -> list[dict[str, 
                     "vs_belady": secs / bel,
                 }
             )
+    _wide_table(names, sums)
     return rows
+
+
+def _wide_table(names: list[str], sums: dict[tuple[str, str], list[float]]) -> None:
+    """Cold-start seconds, one row per trace, one column per policy; the newest policy's
+    ratios and the best online policy's against the old LRU and Belady."""
+    newest = POLICIES[-1]
+    print(f"\n| trace | LRU (old) | {' | '.join(POLICIES)} | Belady ", end="")
+    print(f"| {newest} vs LRU | {newest} vs Belady | best online vs LRU | vs Belady |")
+    print("|---|" + "---:|" * (len(POLICIES) + 6))
+    for name in names:
+        base = sums[(name, "lru (no hot rule)")][1]
+        bel = sums[(name, "belady")][1]
+        secs = {p: sums[(name, p)][1] for p in POLICIES}
+        best = min(POLICIES, key=secs.__getitem__)
+        cells = " | ".join(f"{secs[p]:,.0f}" for p in POLICIES)
+        print(
+            f"| {name} | {base:,.0f} s | {cells} | {bel:,.0f} "
+            f"| {secs[newest] / base:.2f} | {secs[newest] / bel:.2f} "
+            f"| {secs[best] / base:.2f} ({best}) | {secs[best] / bel:.2f} |"
+        )
 
 
 def _prefetch_table(seeds: int, n_models: int, n_requests: int) -> list[dict[str, object]]:
@@ -111,6 +132,7 @@ def _scale(n_models: int, n_requests: int) -> list[dict[str, object]]:
             ("lru (no hot rule)", "lru", 0.0),
             ("lru", "lru", 0.1),
             ("gdsf-decay", "gdsf-decay", 0.1),
+            ("arrival-cost", "arrival-cost", 0.1),
             ("belady", "belady", 0.0),
         ):
             t0 = time.perf_counter()

@@ -9,6 +9,7 @@ hottest model, total loads, seconds requests waited for loads, wall time; and th
 recorded trace replayed in the simulator with Belady's MIN and with the same policy.
 
     PYTHONPATH=src:. .venv/bin/python bench/bench_fifty.py            # 3,000 requests
+    PYTHONPATH=src:. .venv/bin/python bench/bench_fifty.py --configs gdsf-decay arrival-cost
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ CONFIGS = [
     ("lru", "lru", True),
     ("cost", "cost", True),
     ("gdsf-decay", "gdsf-decay", True),
+    ("arrival-cost", "arrival-cost", True),
 ]
 
 
@@ -34,6 +36,9 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--scale", type=float, default=1.0, help="load-time multiplier")
+    parser.add_argument(
+        "--configs", nargs="*", help="run only these configurations (by policy name)"
+    )
     parser.add_argument("--json", type=Path, default=Path("bench/results/fifty.json"))
     args = parser.parse_args()
     rows = []
@@ -43,6 +48,8 @@ async def main() -> None:
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for label, policy, hot in CONFIGS:
+        if args.configs and policy not in args.configs:
+            continue
         with tempfile.TemporaryDirectory() as d:
             r = await run(
                 Path(d), n_requests=args.requests, policy=policy, protect_hot=hot,

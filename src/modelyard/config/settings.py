@@ -134,9 +134,11 @@ class ServerSettings(BaseSettings):
     """Poll mode: a version folder without a manifest is taken once unchanged this long."""
     memory_sample_interval_s: float = Field(default=5.0, gt=0)
     """How often each worker's live memory (RSS/USS/PSS) is read for stats and metrics."""
-    eviction_policy: Literal["lru", "lfu", "cost", "gdsf-decay"] = "gdsf-decay"
+    eviction_policy: Literal["lru", "lfu", "cost", "gdsf-decay", "arrival-cost"] = "gdsf-decay"
     """Who leaves when room is needed: ``lru``, ``lfu``, ``cost`` (Greedy-Dual-Size-
-    Frequency) or ``gdsf-decay`` (GDSF over recent demand); see docs/caching.md."""
+    Frequency), ``gdsf-decay`` (GDSF over recent demand) or ``arrival-cost`` (request
+    episodes times reload seconds per MiB, by each model's gap histogram); see
+    docs/caching.md."""
     demand_half_life_s: float = Field(default=60.0, gt=0)
     """How fast recent demand is forgotten (``gdsf-decay`` and the hot-model rule)."""
     protect_hot: bool = True

@@ -11,6 +11,10 @@ requests queued, running or routed to it), and less important before more import
 - ``cost``: Greedy-Dual-Size-Frequency (see :class:`CostAwarePolicy`).
 - ``gdsf-decay``: GDSF whose frequency is an exponentially decayed request rate, so a
   model that was popular an hour ago does not outrank one popular now.
+- ``arrival-cost``: the fewest expected reload seconds saved per MiB (see
+  :class:`ArrivalCostPolicy`): request *episodes* (a burst counts once) decayed over
+  half an hour, times reload seconds per MiB, times how due the model is by its own
+  gap histogram (:mod:`modelyard.manager.gap_histogram`).
 - ``belady``: Belady's MIN, the offline optimum for equal sizes: the model used
   furthest in the future leaves first. It needs the future, so only the simulator
   (:mod:`modelyard.simulation`) can run it; it bounds what any online policy can do.
@@ -25,9 +29,10 @@ import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Protocol
 
+from modelyard.manager.gap_histogram import GapHistograms
 from modelyard.manager.records import ModelKey, ModelRecord
 
-POLICY_NAMES = ("lru", "lfu", "cost", "gdsf-decay")
+POLICY_NAMES = ("lru", "lfu", "cost", "gdsf-decay", "arrival-cost")
 """The policies a server can be configured with (``belady`` needs the future)."""
 
 DEFAULT_HALF_LIFE_S = 60.0
@@ -213,6 +218,95 @@ class DecayedGdsfPolicy(CostAwarePolicy):
         self.demand.observe(record.key, now)
 
 
+RATE_HALF_LIFE_S = 1800.0
+"""``arrival-cost``'s memory: an episode counts half as much after half an hour."""
+CORRELATED_S = 1.0
+"""Requests closer together than this are one episode (a burst pays one cold start)."""
+LOADS_KEPT = 5
+"""``arrival-cost`` takes a model's reload time as the fastest of this many last loads."""
+
+
+class ArrivalCostPolicy:
+    """Fewest expected reload seconds saved per MiB first:
+    ``episodes * reload_seconds / size * urgency``.
+
+    - ``episodes``: requests, each weighted ``min(1, gap / CORRELATED_S)`` by the gap
+      since the model's previous request, decayed by half every ``half_life_s``. A burst
+      of fifty requests in a second is one cold start, not fifty, so it must not outrank
+      a model asked once a minute (the correlated references of LRU-K).
+    - ``reload_seconds / size``: what a byte of it saves, as in GDSF, but without GDSF's
+      inflation: on stationary traffic the value is then the rate times the cost per
+      byte, the greedy knapsack order of what to keep.
+    - ``urgency``: :meth:`GapHistograms.urgency` of the gaps between its episodes, given
+      how long it has been idle: above 1 when it is due (a timer near its period),
+      below 1 when it has been idle for longer than any gap it ever had.
+
+    State survives evictions (the rate of a model does not change when it leaves).
+    """
+
+    name = "arrival-cost"
+
+    def __init__(
+        self,
+        half_life_s: float = RATE_HALF_LIFE_S,
+        correlated_s: float = CORRELATED_S,
+        *,
+        prior_gaps: float = 10.0,
+    ) -> None:
+        self.episodes = DemandTracker(half_life_s)
+        self.gaps = GapHistograms(prior_gaps=prior_gaps)
+        self.correlated_s = correlated_s
+        self.now = 0.0
+        self._last: dict[ModelKey, float] = {}
+        self._loads: dict[ModelKey, tuple[int, list[float]]] = {}
+        """Per model: its load count when last seen, and its last loads' durations."""
+
+    def value(self, record: ModelRecord) -> float:
+        """Expected reload seconds per MiB that keeping ``record`` saves (relative)."""
+        key = record.key
+        idle = self.now - self._last.get(key, self.now)
+        rate = self.episodes.demand(key, self.now)
+        cost = self.reload_s(record) / _size_mib(record)
+        return rate * cost * self.gaps.urgency(key, idle)
+
+    def reload_s(self, record: ModelRecord) -> float:
+        """The fastest of the model's last :data:`LOADS_KEPT` loads (its last one's
+        duration until the policy has seen it load).
+
+        A load's measured duration includes waiting for a core while other loads run;
+        eight concurrent loads on two cores make each look four times as expensive, and
+        a ranking proportional to it would follow the contention, not the model.
+        """
+        seen = self._loads.get(record.key)
+        n = record.stats.loads
+        if record.timings.total_s > 0 and n > 0 and (seen is None or seen[0] != n):
+            own = max(record.timings.total_s - record.timings.queue_wait_s, 1e-6)
+            kept = [*(seen[1] if seen else ()), own][-LOADS_KEPT:]
+            self._loads[record.key] = seen = (n, kept)
+        return min(seen[1]) if seen else reload_seconds(record)
+
+    def order(self, candidates: Sequence[ModelRecord]) -> list[ModelRecord]:
+        """Idle before busy, lower importance first, then lowest value, then oldest use."""
+        return sorted(candidates, key=lambda r: (*_front(r), self.value(r), r.stats.last_used))
+
+    def on_evict(self, record: ModelRecord) -> None:
+        """Nothing to reset: the model's rate and gaps outlive its residency."""
+
+    def on_request(self, record: ModelRecord, now: float) -> None:
+        """Count the request as (part of) an episode and record the gap it ends."""
+        key = record.key
+        self.now = max(self.now, now)
+        last = self._last.get(key)
+        weight = 1.0
+        if last is not None:
+            gap = max(0.0, now - last)
+            weight = min(1.0, gap / self.correlated_s) if self.correlated_s > 0 else 1.0
+            if gap >= self.correlated_s:
+                self.gaps.add(key, gap)
+        self._last[key] = now
+        self.episodes.observe(key, now, weight)
+
+
 class BeladyPolicy:
     """Belady's MIN: the candidate needed furthest in the future leaves first.
 
@@ -250,6 +344,8 @@ def make_policy(name: str, *, half_life_s: float = DEFAULT_HALF_LIFE_S) -> Evict
         return CostAwarePolicy()
     if name == "gdsf-decay":
         return DecayedGdsfPolicy(half_life_s)
+    if name == "arrival-cost":
+        return ArrivalCostPolicy()
     raise ValueError(f"unknown eviction policy {name!r}")
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from modelyard.config.model_config import ModelConfig
 from modelyard.manager.eviction import (
+    ArrivalCostPolicy,
     CostAwarePolicy,
     DecayedGdsfPolicy,
     DemandTracker,
@@ -59,7 +60,7 @@ def test_lru_makes_ten_misses_on_the_reference_string() -> None:
     assert result.cold_starts == 10
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "cost", "gdsf-decay"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "cost", "gdsf-decay", "arrival-cost"])
 def test_no_online_policy_beats_belady(policy: str) -> None:
     trace = _trace("abcabdabeacbdeabfabcadbe" * 3)
     online = _sim(trace, policy, 3 * SIZE)
@@ -125,6 +126,20 @@ def test_decayed_gdsf_forgets_yesterdays_favourite() -> None:
     assert plain.loads_by_model["now"] == 2, "plain GDSF evicted now: old has 50 requests"
 
 
+def test_arrival_cost_does_not_keep_a_burst_over_a_steady_model() -> None:
+    # s every 10 s; b: 30 requests in 0.3 s (one cold start); x needs b's or s's room.
+    # LFU and GDSF over decayed demand count b's 30 requests and evict s, which is asked
+    # again at 30 s; arrival-cost counts b's burst as one episode and evicts b.
+    models = {n: ModelSpec(n, SIZE, 0.1) for n in ("s", "b", "x")}
+    reqs = [Request(t, "s") for t in (0.0, 10.0, 20.0)]
+    reqs += [Request(21.0 + i * 0.01, "b") for i in range(30)]
+    reqs += [Request(25.0, "x"), Request(30.0, "s")]
+    trace = Trace("burst", reqs, models)
+    assert _sim(trace, "arrival-cost", 2 * SIZE).loads_by_model["s"] == 1
+    for other in ("lfu", "gdsf-decay"):
+        assert _sim(trace, other, 2 * SIZE).loads_by_model["s"] == 2, other
+
+
 # ---------------------------------------------------------------- rules every policy keeps
 
 
@@ -141,7 +156,7 @@ def _record(name: str, *, last_used: float = 0.0, requests: int = 1, pending: in
     return r
 
 
-@pytest.mark.parametrize("name", ["lru", "lfu", "cost", "gdsf-decay"])
+@pytest.mark.parametrize("name", ["lru", "lfu", "cost", "gdsf-decay", "arrival-cost"])
 def test_idle_before_busy_and_less_important_first(name: str) -> None:
     policy = make_policy(name)
     busy = _record("busy", last_used=0.0, requests=1, pending=2)
@@ -196,6 +211,7 @@ def test_the_policies_are_the_configured_ones() -> None:
     assert isinstance(make_policy("lfu"), LfuPolicy)
     assert type(make_policy("cost")) is CostAwarePolicy
     assert isinstance(make_policy("gdsf-decay"), DecayedGdsfPolicy)
+    assert isinstance(make_policy("arrival-cost"), ArrivalCostPolicy)
     with pytest.raises(ValueError, match="belady"):
         make_policy("belady")
     assert math.isfinite(DecayedGdsfPolicy().value(_record("x")))
