@@ -24,7 +24,7 @@ def create_generative_runtime(kind: str) -> GenerativeRuntime:
     raise ValueError(f"unknown generative runtime {kind!r}")
 
 
-WARMABLE_KINDS = frozenset({"onnx"})
+WARMABLE_KINDS = frozenset({"onnx", "llama_cpp"})
 """Runtimes with process-wide state that a spare worker can start ahead (:func:`prewarm`)."""
 
 
@@ -35,6 +35,10 @@ def prewarm(kind: str) -> None:
         from modelyard.runtimes.onnx import prewarm as prewarm_onnx
 
         prewarm_onnx()
+    elif kind == "llama_cpp":
+        from modelyard.runtimes.llama_warm import prewarm as prewarm_llama_cpp
+
+        prewarm_llama_cpp()
 
 
 def create_runtime(kind: str) -> Runtime:

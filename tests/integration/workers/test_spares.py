@@ -174,7 +174,8 @@ async def test_a_spare_warms_its_runtimes_ahead_and_still_serves_any_model(
             await factory.close()
 
 
-def test_the_factory_warms_the_repositorys_onnx_runtime_only() -> None:
+def test_the_factory_warms_the_repositorys_warmable_runtimes_only() -> None:
     assert WorkerFactory.for_runtimes(["onnx", "sklearn"], 1).config.warm == ("onnx",)
+    assert WorkerFactory.for_runtimes(["llama_cpp", "python"], 1).config.warm == ("llama_cpp",)
     assert WorkerFactory.for_runtimes(["python"], 1).config.warm == ()
     assert WorkerFactory.for_runtimes([], 1).config.warm == ("onnx",), "discovered: onnx"
