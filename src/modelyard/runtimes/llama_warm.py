@@ -30,7 +30,7 @@ _U32, _I32, _F32, _BOOL, _STR, _ARR = 4, 5, 6, 7, 8, 9
 _SCALAR = {_U32: "<I", _I32: "<i", _F32: "<f", _BOOL: "<?"}
 _F32_TENSOR, _F16_TENSOR = 0, 1
 _NORMAL, _CONTROL = 1, 3
-_WIDTH, _FFN, _HEADS, _KV_HEADS, _CONTEXT = 32, 64, 2, 1, 64
+_WIDTH, _FFN, _HEADS, _KV_HEADS, _CONTEXT = 32, 64, 2, 1, 512
 _SPECIALS = ("<s>", "</s>", "<|im_start|>", "<|im_end|>")
 _TEMPLATE = (
     "{% for message in messages %}"
@@ -149,6 +149,8 @@ def prewarm() -> None:
     with tempfile.TemporaryDirectory(prefix="modelyard-warm-") as folder:
         (Path(folder) / "warm.gguf").write_bytes(warm_model_bytes())
         try:
-            runtime.load(RuntimeSpec("llama_cpp", folder, "warm", options={"n_threads": "1"}))
+            # llama.cpp's smallest context (256), one thread: no OpenMP pool.
+            options = {"n_ctx": "256", "n_threads": "1"}
+            runtime.load(RuntimeSpec("llama_cpp", folder, "warm", options=options))
         finally:
             runtime.close()

@@ -1,0 +1,197 @@
+"""A worker's first GGUF load against a later one: what a spare's llama.cpp warm-up saves.
+
+Run from the repository root (the ``llm`` extra installed)::
+
+    .venv/bin/python bench/bench_llm_first_load.py --forks 16
+
+The script imports what the fork server imports for a repository with ``llama_cpp``
+models (``preload_for(["llama_cpp"])``: llama-cpp-python, its backend started, jinja2's
+lexer built), freezes its objects as the fork server does, and forks workers from
+itself. Each worker does one of
+
+* ``cold``: nothing before the model's load (a worker forked for the load, or a spare
+  without a warm-up);
+* ``warmed``: ``prewarm("llama_cpp")`` first (what a spare does while it idles: a
+  one-layer model written in plain Python, loaded and freed);
+* ``second``: another model of the same size loaded, asked once and freed first (what
+  any warm-up could at best achieve),
+
+then loads a 60 MB random-weight GGUF model through the worker's own runtime
+(``LlamaCppRuntime.load``: the file mapped, the context, the chat template, one decoded
+token) and serves one request (a prompt, 4 greedy tokens). Reported per variant,
+medians over the forks (variants interleaved, order rotated): the load's wall and CPU
+time (every thread) and its page faults, the two calls in it that change
+(``llama_model_load_from_file``, the chat template's compile), and the first request's
+TTFT and CPU. CPU time and page faults are the steadier figures on a shared machine.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import resource
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import _server
+
+from modelyard.examples.gguf_llama import SHAPES, write_llama_gguf
+from modelyard.workers.forkserver import preload_for
+
+VARIANTS = ("cold", "warmed", "second")
+PROMPT = "Once upon a time there was a little model that wanted to write stories"
+
+
+def _preload() -> None:
+    """What the fork server does before it forks (``forkserver.main``)."""
+    for name in preload_for(["llama_cpp"]):
+        module_name, _, hook = name.partition(":")
+        module = importlib.import_module(module_name)
+        if hook:
+            getattr(module, hook)()
+    gc.collect()
+    gc.freeze()
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.first = 0.0
+        self.done = threading.Event()
+
+    def chunk(
+        self, seq: int, text: str, ids: list[int], finish: str | None, p: int, c: int
+    ) -> None:
+        if not self.first and text:
+            self.first = time.perf_counter()
+        if finish is not None:
+            self.done.set()
+
+    def failed(self, seq: int, code: str, message: str) -> None:
+        raise RuntimeError(message)
+
+
+def _timed(module: Any, name: str, into: dict[str, float]) -> None:
+    """Wrap ``module.name`` so that its seconds add up in ``into[name]``."""
+    inner: Callable[..., Any] = getattr(module, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            into[name] = into.get(name, 0.0) + time.perf_counter() - t0
+
+    setattr(module, name, wrapper)
+
+
+def _cpu_s(usage: resource.struct_rusage) -> float:
+    return usage.ru_utime + usage.ru_stime
+
+
+def _load_and_ask(folder: Path, parts: dict[str, float] | None = None) -> dict[str, float]:
+    """Load the model in ``folder`` as a worker does, ask it once; the figures."""
+    from modelyard.runtimes.base import RuntimeSpec
+    from modelyard.runtimes.generation import GenerationJob
+    from modelyard.runtimes.llama_cpp import LlamaCppRuntime
+
+    options = {"n_ctx": "512", "n_threads": "1"}
+    runtime = LlamaCppRuntime()
+    u0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    runtime.load(RuntimeSpec("llama_cpp", str(folder), folder.parent.name, options=options))
+    t1, u1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    sink = _Sink()
+    runtime.start(sink)
+    runtime.submit(GenerationJob(1, PROMPT, None, 4, 0.0, 1.0, 0, None, ()))
+    if not sink.done.wait(30):
+        raise TimeoutError("the request did not finish")
+    u2 = resource.getrusage(resource.RUSAGE_SELF)
+    runtime.close()
+    out = {
+        "load_ms": (t1 - t0) * 1000,
+        "load_cpu_ms": (_cpu_s(u1) - _cpu_s(u0)) * 1000,
+        "load_faults": float(u1.ru_minflt - u0.ru_minflt),
+        "ttft_ms": (sink.first - t1) * 1000,
+        "request_cpu_ms": (_cpu_s(u2) - _cpu_s(u1)) * 1000,
+    }
+    out.update({f"{k}_ms": v * 1000 for k, v in (parts or {}).items()})
+    return out
+
+
+def _worker(variant: str, models: dict[str, Path], write_fd: int) -> None:
+    import llama_cpp
+
+    import modelyard.runtimes.llama_cpp as runtime_module
+    from modelyard.runtimes import prewarm
+
+    t0 = time.perf_counter()
+    if variant == "warmed":
+        prewarm("llama_cpp")
+    elif variant == "second":
+        _load_and_ask(models["other"])
+    warm_ms = (time.perf_counter() - t0) * 1000
+    parts: dict[str, float] = {}
+    _timed(llama_cpp, "llama_model_load_from_file", parts)
+    _timed(runtime_module, "compile_chat_template", parts)
+    result = _load_and_ask(models["target"], parts) | {"before_ms": warm_ms}
+    os.write(write_fd, json.dumps(result).encode())
+
+
+def _fork(variant: str, models: dict[str, Path]) -> dict[str, float]:
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker
+        os.close(read_fd)
+        code = 0
+        try:
+            _worker(variant, models, write_fd)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    os.close(write_fd)
+    data = b""
+    while chunk := os.read(read_fd, 65536):
+        data += chunk
+    os.close(read_fd)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"the {variant} worker failed")
+    result: dict[str, float] = json.loads(data)
+    return result
+
+
+def main() -> None:
+    """Write the models, preload, fork the workers; print and save the medians."""
+    parser = _server.arg_parser(__doc__)
+    parser.add_argument("--forks", type=int, default=16, help="workers per variant")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-llm-first-") as tmp:
+        models = {
+            name: write_llama_gguf(Path(tmp) / name / "1" / "model.gguf", SHAPES["small"], i).parent
+            for i, name in enumerate(("target", "other"), start=11)
+        }
+        _preload()
+        runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+        for i in range(args.forks):
+            for variant in VARIANTS[i % 3 :] + VARIANTS[: i % 3]:
+                runs[variant].append(_fork(variant, models))
+    keys = list(runs["cold"][0])
+    medians = {v: {k: statistics.median(r[k] for r in rs) for k in keys} for v, rs in runs.items()}
+    payload = {"environment": _server.environment(), "args": vars(args), "medians": medians}
+    path = _server.write_results("llm_first_load", payload)
+    rows = [[k, *(f"{medians[v][k]:.1f}" for v in VARIANTS)] for k in keys]
+    print(_server.markdown_table(["median", *VARIANTS], rows))
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
