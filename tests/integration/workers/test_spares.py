@@ -57,6 +57,11 @@ async def _one_spare(factory: WorkerFactory) -> int:
     return factory.spare_pids[0]
 
 
+async def _warm_sent(factory: WorkerFactory, pid: int) -> None:
+    # The Warm goes out a moment after the spare is ready (spares.py: _WARM_DELAY_S).
+    await wait_until(lambda: factory.warm_spare_pids == [pid], READY_S, what="its Warm sent")
+
+
 async def test_a_load_claims_the_spare_and_a_new_spare_follows(
     spared: WorkerFactory, start_on_spared: Starter, onnx_dirs: dict[str, Path]
 ) -> None:
@@ -165,7 +170,7 @@ async def test_a_spare_warms_its_runtimes_ahead_and_still_serves_any_model(
         try:
             spare_pid = await _one_spare(factory)
             if warmed:
-                await wait_until(lambda f=factory, p=spare_pid: f.warm_spare_pids == [p], READY_S)
+                await _warm_sent(factory, spare_pid)
             info = await instance.start(StartRequest(spec))
             assert instance.pid == spare_pid
             assert info.details["warmed_runtimes"] == expected, spec.kind
