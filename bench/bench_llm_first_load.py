@@ -23,6 +23,12 @@ medians over the forks (variants interleaved, order rotated): the load's wall an
 time (every thread) and its page faults, the two calls in it that change
 (``llama_model_load_from_file``, the chat template's compile), and the first request's
 TTFT and CPU. CPU time and page faults are the steadier figures on a shared machine.
+
+``--beside`` measures instead what a warm-up costs a request running beside it (a
+refilled spare warms while the model that claimed the last one serves): a worker loads
+the model and answers a first request, then a second one is timed (TTFT) alone, beside
+a sibling worker that runs ``prewarm("llama_cpp")`` at the same moment, or beside one
+that runs it in a thread at nice 19.
 """
 
 from __future__ import annotations
@@ -61,17 +67,19 @@ def _preload() -> None:
 
 
 class _Sink:
+    """Records when each job's first text and its end arrive."""
+
     def __init__(self) -> None:
-        self.first = 0.0
-        self.done = threading.Event()
+        self.first: dict[int, float] = {}
+        self.done: dict[int, threading.Event] = {1: threading.Event(), 2: threading.Event()}
 
     def chunk(
         self, seq: int, text: str, ids: list[int], finish: str | None, p: int, c: int
     ) -> None:
-        if not self.first and text:
-            self.first = time.perf_counter()
+        if text:
+            self.first.setdefault(seq, time.perf_counter())
         if finish is not None:
-            self.done.set()
+            self.done[seq].set()
 
     def failed(self, seq: int, code: str, message: str) -> None:
         raise RuntimeError(message)
@@ -109,7 +117,7 @@ def _load_and_ask(folder: Path, parts: dict[str, float] | None = None) -> dict[s
     sink = _Sink()
     runtime.start(sink)
     runtime.submit(GenerationJob(1, PROMPT, None, 4, 0.0, 1.0, 0, None, ()))
-    if not sink.done.wait(30):
+    if not sink.done[1].wait(30):
         raise TimeoutError("the request did not finish")
     u2 = resource.getrusage(resource.RUSAGE_SELF)
     runtime.close()
@@ -117,7 +125,7 @@ def _load_and_ask(folder: Path, parts: dict[str, float] | None = None) -> dict[s
         "load_ms": (t1 - t0) * 1000,
         "load_cpu_ms": (_cpu_s(u1) - _cpu_s(u0)) * 1000,
         "load_faults": float(u1.ru_minflt - u0.ru_minflt),
-        "ttft_ms": (sink.first - t1) * 1000,
+        "ttft_ms": (sink.first[1] - t1) * 1000,
         "request_cpu_ms": (_cpu_s(u2) - _cpu_s(u1)) * 1000,
     }
     out.update({f"{k}_ms": v * 1000 for k, v in (parts or {}).items()})
@@ -143,14 +151,16 @@ def _worker(variant: str, models: dict[str, Path], write_fd: int) -> None:
     os.write(write_fd, json.dumps(result).encode())
 
 
-def _fork(variant: str, models: dict[str, Path]) -> dict[str, float]:
+def _fork(
+    variant: str, models: dict[str, Path], body: Callable[[str, dict[str, Path], int], None]
+) -> dict[str, float]:
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the worker
         os.close(read_fd)
         code = 0
         try:
-            _worker(variant, models, write_fd)
+            body(variant, models, write_fd)
         except BaseException:
             import traceback
 
@@ -169,27 +179,77 @@ def _fork(variant: str, models: dict[str, Path]) -> dict[str, float]:
     return result
 
 
+def _warm_beside(go: int, how: str) -> None:
+    """A sibling worker: wait for the signal, then warm llama.cpp (``how``)."""
+    from modelyard.runtimes import prewarm
+
+    os.read(go, 1)
+    if how == "nice19":
+
+        def run() -> None:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            prewarm("llama_cpp")
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+    else:
+        prewarm("llama_cpp")
+    os._exit(0)
+
+
+def _ask_beside(how: str, models: dict[str, Path], write_fd: int) -> None:
+    from modelyard.runtimes.base import RuntimeSpec
+    from modelyard.runtimes.generation import GenerationJob
+    from modelyard.runtimes.llama_cpp import LlamaCppRuntime
+
+    runtime = LlamaCppRuntime()
+    folder = models["target"]
+    options = {"n_ctx": "512", "n_threads": "1"}
+    runtime.load(RuntimeSpec("llama_cpp", str(folder), "target", options=options))
+    sink = _Sink()
+    runtime.start(sink)
+    runtime.submit(GenerationJob(1, PROMPT, None, 2, 0.0, 1.0, 0, None, ()))
+    sink.done[1].wait(30)
+    go_read, go_write = os.pipe()
+    sibling = os.fork() if how != "alone" else 0
+    if how != "alone" and sibling == 0:
+        _warm_beside(go_read, how)
+    if sibling:
+        os.write(go_write, b"x")
+    t0 = time.perf_counter()
+    runtime.submit(GenerationJob(2, f"2. {PROMPT}", None, 2, 0.0, 1.0, 0, None, ()))
+    sink.done[2].wait(30)
+    ttft_ms = (sink.first[2] - t0) * 1000
+    if sibling:
+        os.waitpid(sibling, 0)
+    os.write(write_fd, json.dumps({"ttft_ms": ttft_ms}).encode())
+
+
 def main() -> None:
     """Write the models, preload, fork the workers; print and save the medians."""
     parser = _server.arg_parser(__doc__)
     parser.add_argument("--forks", type=int, default=16, help="workers per variant")
+    parser.add_argument("--beside", action="store_true", help="a request beside a warm-up")
     args = parser.parse_args()
+    variants = ("alone", "nice0", "nice19") if args.beside else VARIANTS
+    body = _ask_beside if args.beside else _worker
     with tempfile.TemporaryDirectory(prefix="bench-llm-first-") as tmp:
         models = {
             name: write_llama_gguf(Path(tmp) / name / "1" / "model.gguf", SHAPES["small"], i).parent
             for i, name in enumerate(("target", "other"), start=11)
         }
         _preload()
-        runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+        runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
         for i in range(args.forks):
-            for variant in VARIANTS[i % 3 :] + VARIANTS[: i % 3]:
-                runs[variant].append(_fork(variant, models))
-    keys = list(runs["cold"][0])
+            for variant in variants[i % 3 :] + variants[: i % 3]:
+                runs[variant].append(_fork(variant, models, body))
+    keys = list(runs[variants[0]][0])
     medians = {v: {k: statistics.median(r[k] for r in rs) for k in keys} for v, rs in runs.items()}
     payload = {"environment": _server.environment(), "args": vars(args), "medians": medians}
-    path = _server.write_results("llm_first_load", payload)
-    rows = [[k, *(f"{medians[v][k]:.1f}" for v in VARIANTS)] for k in keys]
-    print(_server.markdown_table(["median", *VARIANTS], rows))
+    path = _server.write_results("llm_beside_warm" if args.beside else "llm_first_load", payload)
+    rows = [[k, *(f"{medians[v][k]:.1f}" for v in variants)] for k in keys]
+    print(_server.markdown_table(["median", *variants], rows))
     print(f"results: {path}")
 
 
