@@ -22,7 +22,8 @@ token) and serves one request (a prompt, 4 greedy tokens). Reported per variant,
 medians over the forks (variants interleaved, order rotated): the load's wall and CPU
 time (every thread) and its page faults, the two calls in it that change
 (``llama_model_load_from_file``, the chat template's compile), and the first request's
-TTFT and CPU. CPU time and page faults are the steadier figures on a shared machine.
+TTFT and CPU, and the worker's own memory (USS) before the load and after it. CPU time
+and page faults are the steadier figures on a shared machine.
 
 ``--beside`` measures instead what a warm-up costs a request running beside it (a
 refilled spare warms while the model that claimed the last one serves): a worker loads
@@ -47,11 +48,13 @@ from pathlib import Path
 from typing import Any
 
 import _server
+import psutil
 
 from modelyard.examples.gguf_llama import SHAPES, write_llama_gguf
 from modelyard.workers.forkserver import preload_for
 
 VARIANTS = ("cold", "warmed", "second")
+MIB = 1024 * 1024
 PROMPT = "Once upon a time there was a little model that wanted to write stories"
 
 
@@ -103,8 +106,11 @@ def _cpu_s(usage: resource.struct_rusage) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _load_and_ask(folder: Path, parts: dict[str, float] | None = None) -> dict[str, float]:
-    """Load the model in ``folder`` as a worker does, ask it once; the figures."""
+def _load_and_ask(
+    folder: Path, parts: dict[str, float] | None = None, *, keep: bool = False
+) -> dict[str, float]:
+    """Load the model in ``folder`` as a worker does, ask it once (then free it unless
+    ``keep``); the figures."""
     from modelyard.runtimes.base import RuntimeSpec
     from modelyard.runtimes.generation import GenerationJob
     from modelyard.runtimes.llama_cpp import LlamaCppRuntime
@@ -120,7 +126,8 @@ def _load_and_ask(folder: Path, parts: dict[str, float] | None = None) -> dict[s
     if not sink.done[1].wait(30):
         raise TimeoutError("the request did not finish")
     u2 = resource.getrusage(resource.RUSAGE_SELF)
-    runtime.close()
+    if not keep:
+        runtime.close()
     out = {
         "load_ms": (t1 - t0) * 1000,
         "load_cpu_ms": (_cpu_s(u1) - _cpu_s(u0)) * 1000,
@@ -144,10 +151,14 @@ def _worker(variant: str, models: dict[str, Path], write_fd: int) -> None:
     elif variant == "second":
         _load_and_ask(models["other"])
     warm_ms = (time.perf_counter() - t0) * 1000
+    me = psutil.Process()
+    uss_before = me.memory_full_info().uss
     parts: dict[str, float] = {}
     _timed(llama_cpp, "llama_model_load_from_file", parts)
     _timed(runtime_module, "compile_chat_template", parts)
-    result = _load_and_ask(models["target"], parts) | {"before_ms": warm_ms}
+    result = _load_and_ask(models["target"], parts, keep=True) | {"before_ms": warm_ms}
+    result["own_mib_before"] = uss_before / MIB  # an idle spare's own (private) memory
+    result["own_mib_loaded"] = me.memory_full_info().uss / MIB  # what the budget measures
     os.write(write_fd, json.dumps(result).encode())
 
 
