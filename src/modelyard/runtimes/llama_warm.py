@@ -133,18 +133,37 @@ def warm_model_bytes() -> bytes:
     return head + bytes(offset)
 
 
-def prewarm() -> None:
-    """Load the throwaway model (which compiles its chat template and decodes one token)
-    and free it again.
+_GPU_BACKENDS = ("cuda", "hip", "musa", "vulkan", "metal", "sycl", "opencl", "cann")
 
-    Run in a spare worker, never in the fork server (a load's decode may start
-    llama.cpp's OpenMP threads; one thread here starts none). A request on the model
-    was tried too and dropped: it took nothing measurable off the first request. Raises
-    if the load fails; the caller only reports it, and the model's own load then pays
-    the first-load costs itself.
+
+def gpu_backends_in(folder: Path) -> list[str]:
+    """The GPU backends whose ggml libraries are in ``folder`` (llama-cpp-python's
+    ``lib``), found by name: asking llama.cpp itself would start them."""
+    names = [p.name for p in folder.glob("*ggml-*")] if folder.is_dir() else []
+    return [b for b in _GPU_BACKENDS if any(f"ggml-{b}" in n for n in names)]
+
+
+def prewarm() -> bool:
+    """Load the throwaway model (which compiles its chat template and decodes one token)
+    and free it again; False, warming nothing, where llama.cpp has a GPU backend or its
+    libraries are not where they can be inspected.
+
+    A GPU build's load starts the GPU API (CUDA's driver, a context per device) in a
+    spare that belongs to no device yet: a later ``cuda:N`` load could no longer
+    restrict the process to its GPU (``CUDA_VISIBLE_DEVICES`` is read once, at start),
+    and an idle spare would hold a context on every GPU. Run in a spare worker, never in
+    the fork server (one decode thread starts no OpenMP pool, but a generation would
+    start a thread). A request on the model was tried too and dropped: it took nothing
+    measurable off the first request. Raises if the load fails; the caller only reports
+    it, and the model's own load then pays the first-load costs itself.
     """
+    import llama_cpp
+
     from modelyard.runtimes.llama_cpp import LlamaCppRuntime
 
+    lib = Path(llama_cpp.__file__).parent / "lib"
+    if not lib.is_dir() or gpu_backends_in(lib):
+        return False
     runtime = LlamaCppRuntime()
     with tempfile.TemporaryDirectory(prefix="modelyard-warm-") as folder:
         (Path(folder) / "warm.gguf").write_bytes(warm_model_bytes())
@@ -154,3 +173,4 @@ def prewarm() -> None:
             runtime.load(RuntimeSpec("llama_cpp", folder, "warm", options=options))
         finally:
             runtime.close()
+    return True

@@ -144,11 +144,10 @@ def _warm(kinds: tuple[str, ...]) -> tuple[str, ...]:
     started = []
     for kind in kinds:
         try:
-            prewarm(kind)
+            if prewarm(kind):
+                started.append(kind)
         except Exception as exc:
             print(f"modelyard worker: could not warm {kind}: {exc!r}", file=sys.stderr)
-        else:
-            started.append(kind)
     return tuple(started)
 
 

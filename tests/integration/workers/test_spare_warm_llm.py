@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from modelyard.runtimes.base import RuntimeSpec
+from modelyard.runtimes.llama_warm import gpu_backends_in
 from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.forkserver import preload_for
 from modelyard.workers.instance import StartRequest
@@ -20,7 +21,7 @@ from tests.polling import wait_until
 
 from .conftest import FAKES_DIR, TEST_FACTORY_CONFIG
 
-pytest.importorskip("llama_cpp", reason="the llm extra runs GGUF models")
+llama_cpp = pytest.importorskip("llama_cpp", reason="the llm extra runs GGUF models")
 pytest.importorskip("gguf", reason="the llm extra writes the test models")
 
 READY_S = 10.0
@@ -55,7 +56,9 @@ async def test_a_spare_warmed_for_llama_cpp_serves_a_gguf_model_exactly(
         await wait_until(lambda: factory.warm_spare_pids == [spare_pid], READY_S, what="warm")
         info = await instance.start(StartRequest(_gguf_spec(llm_root)))
         assert instance.pid == spare_pid, "the load took the spare"
-        assert info.details["warmed_runtimes"] == ([] if warm_fails else ["llama_cpp"])
+        # A llama.cpp built with a GPU backend is never warmed (llama_warm.prewarm).
+        warmable = not warm_fails and not gpu_backends_in(Path(llama_cpp.__file__).parent / "lib")
+        assert info.details["warmed_runtimes"] == (["llama_cpp"] if warmable else [])
         ids: list[int] = []
         async for chunk in instance.generate(greedy_request(N_TOKENS)):
             ids += chunk.token_ids

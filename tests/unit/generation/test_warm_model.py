@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from modelyard.repository.gguf import llama_dims, read_metadata, tensor_sizes
-from modelyard.runtimes.llama_warm import warm_model_bytes
+from modelyard.runtimes.llama_warm import gpu_backends_in, warm_model_bytes
 
 gguf = pytest.importorskip("gguf", reason="the llm extra reads GGUF files")
 
@@ -49,3 +49,19 @@ def test_the_servers_reader_sizes_it(warm_gguf: Path) -> None:
     sizes = tensor_sizes(warm_gguf)
     assert sizes["token_embd.weight"] == 32 * 260 * 2
     assert sizes["output_norm.weight"] == 32 * 4
+
+
+def test_gpu_backends_are_found_by_their_library_names(tmp_path: Path) -> None:
+    """A llama.cpp built with a GPU backend is not warmed in a spare (its load would start
+    the GPU API before the worker knows its device): found without loading anything."""
+    cpu_only = tmp_path / "cpu"
+    cpu_only.mkdir()
+    for name in ("libggml-base.so", "libggml-cpu.so", "libggml.so", "libllama.so"):
+        (cpu_only / name).touch()
+    assert gpu_backends_in(cpu_only) == []
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    for name in ("libggml-base.so", "libggml-cpu.so", "libggml-cuda.so.0", "libllama.so"):
+        (gpu / name).touch()
+    assert gpu_backends_in(gpu) == ["cuda"]
+    assert gpu_backends_in(tmp_path / "missing") == []
