@@ -6,9 +6,9 @@ started its backend: llama.cpp's first vocabulary read, jinja2's first compile o
 template, and every code path run for the first time (llama.cpp's loader, context, graph
 allocator and CPU kernels; Python's runtime code) faulting its pages in, and, for Python,
 copying the inherited pages its first calls write to. On a 60 MB model (2-core VM,
-medians of 16-24 forked workers per variant, BENCHMARKS.md §18) a throwaway load ahead
-cuts the load's CPU from 41-44 to 32-36 ms and its page faults from 3,600 to 2,000:
-``llama_model_load_from_file`` 14-15 -> 10-11 ms, the template's compile 6.5-7 -> 4 ms.
+medians of 16 forked workers per variant, three runs, ``bench/bench_llm_first_load.py``,
+BENCHMARKS.md §18) a throwaway load ahead cuts the load's CPU from 41-47 to 33-36 ms and
+its page faults from 3,600-3,700 to 1,800; the template's compile from 7-13 to 4-5 ms.
 A spare does that while it idles, on a model written here: one layer, width 32, a
 byte-level vocabulary, zero weights (57 kB, in a temporary file).
 
