@@ -38,7 +38,7 @@ _TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-"""ChatML, the most common template shape: the first compile and render in the process."""
+"""ChatML, the most common template shape: the process's first compile of a real template."""
 
 
 def _byte_tokens() -> list[str]:
