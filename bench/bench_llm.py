@@ -25,6 +25,9 @@ decoding and the same prompt, through the same streaming client (``/v1/completio
     switch seconds (on each request that found its model not resident, TTFT minus that
     model's warm median TTFT), p99 TTFT, and one model switch against llama.cpp's own
     load of the file (``Llama(model_path=…)`` in a fresh process, page cache warm).
+    ``--baseline-src DIR`` runs the same mix on a second modelyard server whose sources
+    are in ``DIR`` (a worktree of an older commit), in the same run (``--base-first``
+    swaps the order).
 
 Rounds interleave the systems (order rotated) so machine noise hits them alike; medians.
 """
@@ -35,6 +38,8 @@ import asyncio
 import json
 import os
 import random
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -456,8 +461,9 @@ def part_b(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
         row = probe.committed_stats("llm-1")
         reserved = float(max(row.get("reserved_bytes") or 0, row.get("measured_bytes") or 0))
     budget_mb = 2.5 * reserved / (1 << 20)
+    # Logged at info: each load's parts are read back from the log (loads_in_log).
     cfg = _server.write_config(
-        root, modelyard_models(files, root, 1), name="b.yaml", budget_mb=budget_mb
+        root, modelyard_models(files, root, 1), name="b.yaml", budget_mb=budget_mb, log_level="info"
     )
     if args.spare_workers is not None:  # else the server's default (one per device)
         doc = yaml.safe_load(cfg.read_text(encoding="utf-8"))
@@ -470,20 +476,18 @@ def part_b(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
 
         TOKENIZER = llama_cpp.Llama(model_path=str(files["llm-1"]), vocab_only=True, verbose=False)
     out: dict[str, Any] = {"budget_mb": budget_mb, "reserved_mb": reserved / (1 << 20), "mix": mix}
-    with _server.Server(cfg, root / "b.log") as ours:
-        switched: list[bool] = []
-        outcomes: list[Outcome] = []
-        before = loads_of(ours, names)
-        for model in mix:  # one by one, to see which requests loaded their model
-            outcomes += asyncio.run(run_mix(ours.url, [model], args.max_tokens_b))
-            after = loads_of(ours, names)
-            switched.append(after[model] > before[model])
-            before = after
-        out["modelyard"] = _mix_summary(outcomes, switched)
-        out["modelyard_last_load"] = {n: ours.model_stats(n)["last_load"] for n in names}
-        out["modelyard_from_spare"] = {
-            n: ours.model_stats(n).get("worker", {}).get("from_spare") for n in names
-        }
+    systems: list[tuple[str, dict[str, str] | None]] = [("modelyard", None)]
+    if args.baseline_src:  # the same mix on a server from other sources, the same run
+        systems.append(("base", _sources_first(args.baseline_src)))
+        if args.base_first:
+            systems.reverse()
+    for label, env in systems:
+        log = root / f"b-{label}.log"
+        with _server.Server(cfg, log, env=env) as server:
+            out.update(_modelyard_mix(server, label, names, mix, args.max_tokens_b))
+        out[f"{label}_loads_ms"] = loads_in_log(log)
+        if args.keep_logs:
+            shutil.copy(log, Path(args.keep_logs) / log.name)
     if args.no_peer:
         out["bare_load_s"] = bare_load_s(files["llm-1"], args.load_repeats)
         return out
@@ -495,6 +499,47 @@ def part_b(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
         out["llama_cpp.server"] = _mix_summary(outcomes, switched)
     out["bare_load_s"] = bare_load_s(files["llm-1"], args.load_repeats)
     return out
+
+
+_LOADED = re.compile(r"loaded \S+ in ([\d.]+) ms \(queue ([\d.]+), start ([\d.]+), load ([\d.]+)")
+
+
+def loads_in_log(log: Path) -> dict[str, list[float]]:
+    """Every load's parts (ms) from a server's log: ``total``, ``queue``, ``start``,
+    ``runtime`` (``/v2/stats`` keeps only each model's last load)."""
+    parts: dict[str, list[float]] = {"total": [], "queue": [], "start": [], "runtime": []}
+    for match in _LOADED.finditer(log.read_text(encoding="utf-8", errors="replace")):
+        for key, value in zip(parts, match.groups(), strict=True):
+            parts[key].append(float(value))
+    return parts
+
+
+def _sources_first(src: str) -> dict[str, str]:
+    """This environment with the modelyard sources in ``src`` first on PYTHONPATH."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _modelyard_mix(
+    server: _server.Server, label: str, names: Sequence[str], mix: Sequence[str], max_tokens: int
+) -> dict[str, Any]:
+    """The mix on one modelyard server, request by request (to see which loaded)."""
+    switched: list[bool] = []
+    outcomes: list[Outcome] = []
+    before = loads_of(server, names)
+    for model in mix:
+        outcomes += asyncio.run(run_mix(server.url, [model], max_tokens))
+        after = loads_of(server, names)
+        switched.append(after[model] > before[model])
+        before = after
+    workers = {n: server.model_stats(n).get("worker", {}) for n in names}
+    return {
+        label: _mix_summary(outcomes, switched),
+        f"{label}_last_load": {n: server.model_stats(n)["last_load"] for n in names},
+        f"{label}_from_spare": {n: w.get("from_spare") for n, w in workers.items()},
+        f"{label}_warmed": {n: w.get("warmed_runtimes") for n, w in workers.items()},
+    }
 
 
 def _mix_summary(outcomes: Sequence[Outcome], switched: Sequence[bool]) -> dict[str, Any]:
@@ -546,6 +591,8 @@ def report_b(b: dict[str, Any]) -> str:
     """Part (b) as a markdown table, ratios against the peer and the bare load."""
     lines = ["(b) three models, a budget that fits two, Zipf mix", ""]
     ours = b["modelyard"]
+    if "base" in b:  # --baseline-src
+        lines.append(_base_line(b))
     if "llama_cpp.server" not in b:  # --no-peer
         bare_ms = b["bare_load_s"] * 1000
         return "\n".join(
@@ -598,6 +645,27 @@ def report_b(b: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _base_line(b: dict[str, Any]) -> str:
+    """The baseline server's mix against this one's, and both against the bare load."""
+    ours, base, bare_ms = b["modelyard"], b["base"], b["bare_load_s"] * 1000
+
+    def loads(label: str) -> str:
+        parts = b[f"{label}_loads_ms"]
+        if not parts["total"]:
+            return "no loads logged"
+        return ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in parts.items())
+
+    return (
+        f"loads (medians, ms), this: {loads('modelyard')}; baseline: {loads('base')}\n"
+        f"one switch (median), this / baseline sources: {ours['switch_s_median'] * 1000:.1f} / "
+        f"{base['switch_s_median'] * 1000:.1f} ms = "
+        f"{ours['switch_s_median'] * 1000 / bare_ms:.2f}x / "
+        f"{base['switch_s_median'] * 1000 / bare_ms:.2f}x the bare load; switch s total "
+        f"{ours['switch_s_total']:.2f} / {base['switch_s_total']:.2f}; warmed "
+        f"{b.get('modelyard_warmed')} / {b.get('base_warmed')}"
+    )
+
+
 def main() -> None:
     """Parse arguments, run both parts, print and save the results."""
     parser = _server.arg_parser(__doc__)
@@ -620,6 +688,11 @@ def main() -> None:
         "--spare-workers", type=int, default=None, help="(b) modelyard's spare_workers setting"
     )
     parser.add_argument("--no-peer", action="store_true", help="(b) without llama_cpp.server")
+    parser.add_argument(
+        "--baseline-src", default=None, help="(b) also run the mix on the modelyard sources in DIR"
+    )
+    parser.add_argument("--keep-logs", default=None, help="(b) copy the servers' logs here")
+    parser.add_argument("--base-first", action="store_true", help="(b) the baseline's mix first")
     args = parser.parse_args()
     globals()["THREADS"] = args.threads
     if args.quick:

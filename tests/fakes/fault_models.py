@@ -206,3 +206,12 @@ class DoublingModel(EchoModel):
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Double."""
         return {"y": (inputs["x"] * 2).astype(np.float32)}
+
+
+def no_temp_dir() -> None:
+    """A fork server preload hook (``fault_models:no_temp_dir``, this folder on
+    ``PYTHONPATH``): the workers it forks find no temporary folder, as on a full or
+    read-only disk, so a spare's llama.cpp warm-up (it writes its model there) fails."""
+    import tempfile
+
+    tempfile.tempdir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no-such-dir")

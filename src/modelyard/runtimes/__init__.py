@@ -24,17 +24,24 @@ def create_generative_runtime(kind: str) -> GenerativeRuntime:
     raise ValueError(f"unknown generative runtime {kind!r}")
 
 
-WARMABLE_KINDS = frozenset({"onnx"})
+WARMABLE_KINDS = frozenset({"onnx", "llama_cpp"})
 """Runtimes with process-wide state that a spare worker can start ahead (:func:`prewarm`)."""
 
 
-def prewarm(kind: str) -> None:
-    """Start ``kind``'s process-wide state in this (spare) worker; a no-op for runtimes
-    without any (see :data:`WARMABLE_KINDS`)."""
+def prewarm(kind: str) -> bool:
+    """Start ``kind``'s process-wide state in this (spare) worker; whether it did (False
+    for runtimes without any, see :data:`WARMABLE_KINDS`, and for a llama.cpp built with
+    a GPU backend)."""
     if kind == "onnx":
         from modelyard.runtimes.onnx import prewarm as prewarm_onnx
 
         prewarm_onnx()
+        return True
+    if kind == "llama_cpp":
+        from modelyard.runtimes.llama_warm import prewarm as prewarm_llama_cpp
+
+        return prewarm_llama_cpp()
+    return False
 
 
 def create_runtime(kind: str) -> Runtime:

@@ -79,8 +79,7 @@ class WorkerFactoryConfig:
     """Idle workers kept started ahead (``spares.py``); the server sets it from its
     ``spare_workers`` setting, and 0 (here the default) keeps none."""
     warm: tuple[str, ...] = ()
-    """Runtime kinds a spare starts ahead while it idles (``WARMABLE_KINDS`` of those the
-    repository uses)."""
+    """Runtime kinds a spare starts ahead while it idles (those the repository uses)."""
 
 
 class WorkerFactory:
@@ -112,11 +111,9 @@ class WorkerFactory:
         that keeps ``spare_workers`` idle workers ready."""
         kinds = set(kinds)
         # onnx is the runtime of a model nothing declares (a discovered folder).
-        warm = (kinds or {"onnx"}) & WARMABLE_KINDS
+        warm = tuple(sorted((kinds or {"onnx"}) & WARMABLE_KINDS))
         return cls(
-            WorkerFactoryConfig(
-                preload=preload_for(kinds), spare_workers=spare_workers, warm=tuple(sorted(warm))
-            )
+            WorkerFactoryConfig(preload=preload_for(kinds), spare_workers=spare_workers, warm=warm)
         )
 
     # -------------------------------------------------------------------- lifecycle
@@ -168,6 +165,11 @@ class WorkerFactory:
     def spare_pids(self) -> list[int]:
         """Process ids of the idle spare workers (none when spares are off)."""
         return self._spares.pids if self._spares is not None else []
+
+    @property
+    def warm_spare_pids(self) -> list[int]:
+        """Those of them that have been told to warm their runtimes (``spares.py``)."""
+        return self._spares.warm_pids if self._spares is not None else []
 
     def take_spare(self) -> Spare | None:
         """An idle spare worker for a load to claim, or None (spares off, none ready)."""

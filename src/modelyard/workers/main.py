@@ -144,11 +144,10 @@ def _warm(kinds: tuple[str, ...]) -> tuple[str, ...]:
     started = []
     for kind in kinds:
         try:
-            prewarm(kind)
+            if prewarm(kind):
+                started.append(kind)
         except Exception as exc:
             print(f"modelyard worker: could not warm {kind}: {exc!r}", file=sys.stderr)
-        else:
-            started.append(kind)
     return tuple(started)
 
 
@@ -161,7 +160,7 @@ def _serve(channel: BlockingChannel, region: SharedRegion) -> int:
     if not isinstance(first, Load):
         return 0 if first is None or isinstance(first, Stop) else 2
     if first.spec.kind in GENERATIVE_KINDS:
-        return _serve_generation(channel, first)
+        return _serve_generation(channel, first, warmed)
     try:
         first = msgspec.structs.replace(first, spec=enter_device(first.spec))
         runtime = create_runtime(first.spec.kind)
@@ -225,7 +224,7 @@ class _ChannelSink:
         self.send(Failed(seq, ErrorInfo(code, message)))
 
 
-def _serve_generation(channel: BlockingChannel, first: Load) -> int:
+def _serve_generation(channel: BlockingChannel, first: Load, warmed: tuple[str, ...]) -> int:
     """Serve a generative model: jobs go to the runtime's generation thread, which sends
     their chunks itself; this loop only receives (jobs, cancellations, stats queries)."""
     try:
@@ -241,7 +240,17 @@ def _serve_generation(channel: BlockingChannel, first: Load) -> int:
     sink = _ChannelSink(channel)
     st = runtime.stats()
     sink.send(
-        Loaded(first.seq, (), (), False, load_s, st.context_length, st.parallel, st.kv_cache_bytes)
+        Loaded(
+            first.seq,
+            (),
+            (),
+            False,
+            load_s,
+            st.context_length,
+            st.parallel,
+            st.kv_cache_bytes,
+            warmed=warmed,
+        )
     )
     runtime.start(sink)
     try:

@@ -47,6 +47,11 @@ _YOUNG_S: Final = 1.0
 _MAX_BACKOFF_S: Final = 30.0
 _EXIT_WAIT_S: Final = 2.0
 _RELEASE_ATTEMPTS: Final = 50
+_WARM_DELAY_S: Final = 0.25
+"""A new spare is sent its :class:`Warm` this long after it is ready. A refill starts as
+the claiming load ends, while that model's first request runs; a llama.cpp warm-up
+(~30 ms of CPU) beside it doubled that request's time to first token on a busy 2-core
+VM (32 -> 66 ms, BENCHMARKS.md §18). A spare claimed before then loads cold."""
 
 
 @dataclass(slots=True, eq=False)  # one spare is itself only (pool membership by identity)
@@ -59,6 +64,8 @@ class Spare:
     region: SharedRegion
     limit: MemoryLimit | None
     born: float
+    warm_sent: bool = False
+    """Its :class:`Warm` has been sent (it warms, or has warmed, while it idles)."""
 
     def discard(self) -> None:
         """Close what the server holds of it (after its process has gone or been killed)."""
@@ -90,6 +97,11 @@ class SparePool:
     def pids(self) -> list[int]:
         """Process ids of the idle spares, oldest first."""
         return [s.handle.pid for s in self._spares]
+
+    @property
+    def warm_pids(self) -> list[int]:
+        """Process ids of the idle spares that have been sent their :class:`Warm`."""
+        return [s.handle.pid for s in self._spares if s.warm_sent]
 
     def start(self) -> None:
         """Start making spares in the background."""
@@ -151,6 +163,18 @@ class SparePool:
                 self._forget(spare)
                 return
             self._spares.append(spare)
+            if self.warm:
+                asyncio.get_running_loop().call_later(_WARM_DELAY_S, self._send_warm, spare)
+
+    def _send_warm(self, spare: Spare) -> None:
+        # Only to an idle spare: a claimed one is its instance's, its Load maybe sent.
+        if self._closed or spare not in self._spares:
+            return
+        try:
+            spare.channel.send(encode(Warm(self.warm)))
+        except OSError:
+            return  # it has died: _on_exit replaces it
+        spare.warm_sent = True
 
     async def _make(self) -> Spare:
         region = SharedRegion.create()
@@ -164,9 +188,6 @@ class SparePool:
         finally:
             theirs.close()
         self.made += 1
-        if self.warm:
-            # Read after its Hello is sent; a Load that follows waits behind it.
-            ours.send(encode(Warm(self.warm)))
         spare = Spare(handle, ours, region, None, time.monotonic())
         handle.exited.add_done_callback(lambda _: self._on_exit(spare))
         try:

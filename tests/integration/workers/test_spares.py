@@ -57,6 +57,11 @@ async def _one_spare(factory: WorkerFactory) -> int:
     return factory.spare_pids[0]
 
 
+async def _warm_sent(factory: WorkerFactory, pid: int) -> None:
+    # The Warm goes out a moment after the spare is ready (spares.py: _WARM_DELAY_S).
+    await wait_until(lambda: factory.warm_spare_pids == [pid], READY_S, what="its Warm sent")
+
+
 async def test_a_load_claims_the_spare_and_a_new_spare_follows(
     spared: WorkerFactory, start_on_spared: Starter, onnx_dirs: dict[str, Path]
 ) -> None:
@@ -154,27 +159,51 @@ async def test_a_spare_warms_its_runtimes_ahead_and_still_serves_any_model(
     cold = dataclasses.replace(TEST_FACTORY_CONFIG, spare_workers=1)
     x = np.ones((2, 4), np.float32)
     cases = [
-        (warm, onnx_spec(onnx_dirs["identity"]), "x", ["onnx"]),
-        (warm, fault_spec("EchoModel"), "x", ["onnx"]),
-        (cold, onnx_spec(onnx_dirs["identity"]), "x", []),
+        (warm, onnx_spec(onnx_dirs["identity"]), True, ["onnx"]),
+        (warm, fault_spec("EchoModel"), True, ["onnx"]),
+        (cold, onnx_spec(onnx_dirs["identity"]), False, []),
     ]
-    for config, spec, input_name, expected in cases:
+    for config, spec, warmed, expected in cases:
         factory = WorkerFactory(config)
         await factory.start()
         instance = ProcessInstance(factory)
         try:
             spare_pid = await _one_spare(factory)
+            if warmed:
+                await _warm_sent(factory, spare_pid)
             info = await instance.start(StartRequest(spec))
             assert instance.pid == spare_pid
             assert info.details["warmed_runtimes"] == expected, spec.kind
-            out = await instance.infer({input_name: x}, 5.0)
+            out = await instance.infer({"x": x}, 5.0)
             np.testing.assert_array_equal(next(iter(out.values())), x)
         finally:
             await instance.stop()
             await factory.close()
 
 
-def test_the_factory_warms_the_repositorys_onnx_runtime_only() -> None:
+async def test_a_spare_claimed_before_its_warm_loads_cold(onnx_dirs: dict[str, Path]) -> None:
+    """A spare's Warm is sent a moment after it is ready (so that it does not compete with
+    the first request of the load that made room for it); one claimed before then is not
+    sent it, and loads and serves as a cold worker does."""
+    config = dataclasses.replace(TEST_FACTORY_CONFIG, spare_workers=1, warm=("onnx",))
+    factory = WorkerFactory(config)
+    await factory.start()
+    instance = ProcessInstance(factory)
+    try:
+        spare_pid = await _one_spare(factory)
+        info = await instance.start(StartRequest(onnx_spec(onnx_dirs["identity"])))
+        assert instance.pid == spare_pid
+        assert info.details["warmed_runtimes"] == []
+        await asyncio.sleep(0.3)  # past the delay: still no Warm, still serving
+        x = np.ones((2, 4), np.float32)
+        np.testing.assert_array_equal((await instance.infer({"x": x}, 5.0))["y"], x)
+    finally:
+        await instance.stop()
+        await factory.close()
+
+
+def test_the_factory_warms_the_repositorys_warmable_runtimes_only() -> None:
     assert WorkerFactory.for_runtimes(["onnx", "sklearn"], 1).config.warm == ("onnx",)
+    assert WorkerFactory.for_runtimes(["llama_cpp", "python"], 1).config.warm == ("llama_cpp",)
     assert WorkerFactory.for_runtimes(["python"], 1).config.warm == ()
     assert WorkerFactory.for_runtimes([], 1).config.warm == ("onnx",), "discovered: onnx"
