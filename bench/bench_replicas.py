@@ -4,6 +4,7 @@ Run from the repository root (needs the ``torch`` extra, for the export)::
 
     .venv/bin/python bench/bench_replicas.py            # 8 s per point, 3 repeats
     .venv/bin/python bench/bench_replicas.py --quick    # 3 s per point, 1 repeat
+    .venv/bin/python bench/bench_replicas.py --engine wrk   # load from wrk, not Python
 
 The all-MiniLM-L6-v2 encoder is exported to ONNX at run time; every request carries one
 sentence tokenised to 16 tokens (batch 1), sent by ``modelyard.bench`` over REST, closed
@@ -20,13 +21,17 @@ as:
 All three batch the same way (``max_batch_size: 8``, no added delay). Per repeat and per
 concurrency the three run back to back in an order rotated each repeat; ratios against
 1r are taken within a repeat, then the median over repeats is reported. The load
-generator runs on the same two cores as the server (the machine has no others).
+generator runs on the same two cores as the server (the machine has no others): with
+``--engine wrk`` it is ``wrk`` (C, one thread), which takes far less of them than the
+Python client.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
+import os
 import statistics
 import sys
 import tempfile
@@ -54,6 +59,8 @@ MODELS: dict[str, dict[str, Any]] = {
     "1r-2t": {"devices": ["cpu"], "intra_op_threads": 2},
 }
 READY_TIMEOUT_S = 120.0
+BARE: list[dict[str, float]] = []
+"""Each repeat's :func:`bare_ceiling`."""
 
 
 def write_config(root: Path) -> Path:
@@ -96,9 +103,56 @@ def phase(
         duration_s=args.duration_s,
         warmup_s=args.warmup_s,
         payload_files={model: payload},
+        engine=args.engine,
     )
     results: list[BenchResult] = asyncio.run(run_bench(config))
     return results[0].to_dict()
+
+
+BARE_BATCH = 8
+"""Batch of the bare ceiling's loops: the servers' ``max_batch_size``."""
+
+
+def _bare_loop(path: str, core: int, duration_s: float, out: Any) -> None:
+    """One process pinned to ``core``: sentences per second of a bare session."""
+    os.sched_setaffinity(0, {core})
+    import numpy as np
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    feeds = {i.name: np.ones((BARE_BATCH, 16), np.int64) for i in session.get_inputs()}
+    for _ in range(3):
+        session.run(None, feeds)
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < duration_s:
+        session.run(None, feeds)
+        done += BARE_BATCH
+    out.put(done / (time.perf_counter() - t0))
+
+
+def bare_ceiling(path: Path, duration_s: float) -> dict[str, float]:
+    """What the machine gives two pinned processes against one, without any server:
+    bare ONNX Runtime loops on ``cpu:0``, then on ``cpu:0`` and ``cpu:1`` at once."""
+    ctx = multiprocessing.get_context("fork")
+    rates = {}
+    for label, cores in (("one", [0]), ("two", [0, 1])):
+        out = ctx.Queue()
+        procs = [
+            ctx.Process(target=_bare_loop, args=(str(path), c, duration_s, out)) for c in cores
+        ]
+        for proc in procs:
+            proc.start()
+        rates[label] = sum(out.get() for _ in procs)
+        for proc in procs:
+            proc.join()
+    return {
+        "one_per_s": rates["one"],
+        "two_per_s": rates["two"],
+        "ratio": rates["two"] / rates["one"],
+    }
 
 
 def run(args: argparse.Namespace) -> tuple[list[str], dict[str, dict[int, list[dict[str, Any]]]]]:
@@ -107,7 +161,7 @@ def run(args: argparse.Namespace) -> tuple[list[str], dict[str, dict[int, list[d
     with tempfile.TemporaryDirectory(prefix="bench-replicas-") as tmp:
         root = Path(tmp)
         print("exporting MiniLM to ONNX ...", file=sys.stderr)
-        export_minilm_onnx(root / "minilm" / "1" / "model.onnx")
+        model = export_minilm_onnx(root / "minilm" / "1" / "model.onnx")
         payload = write_payload(root / "payload.json")
         with _server.Server(write_config(root), root / "server.log") as server:
             placed = wait_for_replicas(server)
@@ -124,6 +178,9 @@ def run(args: argparse.Namespace) -> tuple[list[str], dict[str, dict[int, list[d
                             f"p99 {r['p99_ms']} ms, errors {sum(r['errors'].values())}",
                             file=sys.stderr,
                         )
+                bare = bare_ceiling(model, args.duration_s)
+                BARE.append(bare)
+                print(f"  rep {rep + 1} bare: two / one = {bare['ratio']:.2f}x", file=sys.stderr)
     return placed, runs
 
 
@@ -180,6 +237,12 @@ def main() -> None:
     _server.add_load_point_arguments(
         parser, concurrency="4,16", duration_s=8.0, warmup_s=2.0, quick=(3.0, 1.0)
     )
+    parser.add_argument(
+        "--engine",
+        choices=("python", "wrk"),
+        default="python",
+        help="the load generator: modelyard.bench's Python client or wrk (C, lighter)",
+    )
     args = parser.parse_args()
     _server.quick_load_points(args)
     _server.install_uvloop()
@@ -189,9 +252,14 @@ def main() -> None:
     rows = summarise(runs)
     print(
         f"\nminilm-2r replicas on {placed}; 16 tokens, batch 1 per request; "
-        f"medians of {args.repeats} x {args.duration_s:g} s; {env}\n"
+        f"medians of {args.repeats} x {args.duration_s:g} s; load from {args.engine}; {env}\n"
     )
     print(report(rows))
+    ceiling = statistics.median(b["ratio"] for b in BARE)
+    print(
+        f"\nmachine ceiling (bare ONNX Runtime, batch {BARE_BATCH}, no server): two pinned "
+        f"processes = {ceiling:.2f}x one (median of {len(BARE)})"
+    )
     path = _server.write_results(
         "bench_replicas",
         {
@@ -200,6 +268,7 @@ def main() -> None:
             "elapsed_s": round(time.time() - started, 1),
             "replica_devices": placed,
             "summary": rows,
+            "bare_ceiling": BARE,
             "runs": {c: {str(k): v for k, v in lv.items()} for c, lv in runs.items()},
         },
     )
