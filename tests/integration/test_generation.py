@@ -320,3 +320,23 @@ async def test_generative_models_are_listed(llm_root: Path) -> None:
         assert listed[0].context_length == N_CTX
         r = await client.get("/v2/models/llama-a")
         assert r.json()["generative"] is True
+
+
+async def test_a_generative_model_on_a_core_set_runs_pinned_to_it(
+    llm_root: Path, expected: list[int]
+) -> None:
+    if 1 not in os.sched_getaffinity(0):
+        pytest.skip("needs CPU 1 for the core set cpu:1")
+    model = {**llm_model("llama-a"), "device": "cpu:1"}
+    cfg = write_config(llm_root, [model], devices=[{"name": "cpu:1", "memory_budget_mb": 1024}])
+    async with running_server(cfg) as (app, _):
+        ids = [
+            i
+            async for chunk in app.dataplane.generate(greedy_request(N_TOKENS))
+            for i in chunk.token_ids
+        ]
+        assert ids == expected
+        record = app.manager.resolve("llama-a", None)
+        assert record.info is not None
+        assert record.info.pid is not None
+        assert os.sched_getaffinity(record.info.pid) == {1}

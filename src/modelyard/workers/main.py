@@ -228,6 +228,9 @@ def _serve_generation(channel: BlockingChannel, first: Load, warmed: tuple[str, 
     """Serve a generative model: jobs go to the runtime's generation thread, which sends
     their chunks itself; this loop only receives (jobs, cancellations, stats queries)."""
     try:
+        # Its core set or GPU first, as for a tensor model: a llama.cpp build with CUDA
+        # would otherwise split the layers over every GPU the host has.
+        first = msgspec.structs.replace(first, spec=enter_device(first.spec))
         runtime: GenerativeRuntime = create_generative_runtime(first.spec.kind)
         t0 = time.perf_counter()
         runtime.load(first.spec)
