@@ -47,6 +47,11 @@ _YOUNG_S: Final = 1.0
 _MAX_BACKOFF_S: Final = 30.0
 _EXIT_WAIT_S: Final = 2.0
 _RELEASE_ATTEMPTS: Final = 50
+_REFILL_DELAY_S: Final = 0.1
+"""A refill starts this long after the claiming load ends. Making a spare costs 10-25 ms
+of CPU at once (the fork, the new process's start, its move into its memory group in a
+thread); at once it ran beside the load's answer and that model's first request, and on
+a 2-core VM it held the identity model's switch ~6 ms past the server's own total."""
 _WARM_DELAY_S: Final = 0.25
 """A new spare is sent its :class:`Warm` this long after it is ready. A refill starts as
 the claiming load ends, while that model's first request runs; a llama.cpp warm-up
@@ -90,6 +95,7 @@ class SparePool:
         self._backoff_s = 0.0
         self._closed = False
         self._chores: set[asyncio.Task[None]] = set()
+        self._refill: asyncio.TimerHandle | None = None
         self.made = 0
         """Spares started since the pool started (claimed, died or idle)."""
 
@@ -119,14 +125,23 @@ class SparePool:
         return None
 
     def refill(self) -> None:
-        """Make spares until the pool is full again (call once a claimed spare's load is
-        over, so that making the next one does not slow that load down)."""
-        if len(self._spares) < self.size:
-            self._wanted.set()
+        """Make spares until the pool is full again, starting :data:`_REFILL_DELAY_S`
+        from now (call once a claimed spare's load is over, so that making the next one
+        does not slow that load, or the answer and first request that follow it)."""
+        if len(self._spares) >= self.size or self._closed:
+            return
+        if self._refill is None or self._refill.cancelled():
+            self._refill = asyncio.get_running_loop().call_later(_REFILL_DELAY_S, self._want)
+
+    def _want(self) -> None:
+        self._refill = None
+        self._wanted.set()
 
     async def close(self) -> None:
         """Stop making spares; kill, reap and forget the idle ones."""
         self._closed = True
+        if self._refill is not None:
+            self._refill.cancel()
         filler, self._filler = self._filler, None
         if filler is not None:
             filler.cancel()
