@@ -95,15 +95,27 @@ async def assert_nothing_left(
     assert not tasks, f"tasks left after stop: {[t.get_coro() for t in tasks]}"
     give_up = time.monotonic() + EXIT_WAIT_S
     while True:
+        # A process started meanwhile by another server still running (a module-scoped
+        # one refilling its spare pool) is a child of that server's fork server, which
+        # was there before: not this server's.
         children = [
             p
             for p in psutil.Process().children(recursive=True)
-            if p.pid not in children_before and _is_worker(p)
+            if p.pid not in children_before
+            and _parent_pid(p) not in children_before
+            and _is_worker(p)
         ]
         if not children or time.monotonic() > give_up:
             break
         await asyncio.sleep(0.02)
     assert not children, f"worker processes left after stop: {children}"
+
+
+def _parent_pid(process: psutil.Process) -> int | None:
+    try:
+        return process.ppid()
+    except psutil.NoSuchProcess:
+        return None
 
 
 def _is_worker(process: psutil.Process) -> bool:
