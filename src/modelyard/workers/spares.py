@@ -130,7 +130,7 @@ class SparePool:
         does not slow that load, or the answer and first request that follow it)."""
         if len(self._spares) >= self.size or self._closed:
             return
-        if self._refill is None or self._refill.cancelled():
+        if self._refill is None:  # else one is already due
             self._refill = asyncio.get_running_loop().call_later(_REFILL_DELAY_S, self._want)
 
     def _want(self) -> None:
