@@ -82,8 +82,11 @@ async def test_a_plan_with_the_servers_load_slots_predicts_its_loads_and_waits(
     # replay: 0.4-1.05x).
     assert abs(two["loads"] - live_loads) <= 0.5 * live_loads, (two, live_loads)
     assert 0.3 * live_s <= two["cold_start_s"] <= 3 * live_s, (two, live_s)
-    # Two slots queue loads that an unbounded replay would run at once.
-    assert two["cold_start_s"] >= unbounded["cold_start_s"] * 0.999, (two, unbounded)
+    # An unbounded replay is a different prediction, not a lower bound: which models are
+    # still loading (so not evictable) changes which are evicted, and CI saw 1.878 s for
+    # two slots against 1.947 s unbounded. The slot queue's own effect is checked on a
+    # trace with no eviction: tests/unit/simulation/test_policies.py.
+    assert unbounded["load_slots"] == 0 and unbounded["loads"] > 0, unbounded
     assert default_slots(log) == 2, "without --load-slots, the log's own limit is used"
 
 

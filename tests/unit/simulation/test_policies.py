@@ -215,3 +215,19 @@ def test_the_policies_are_the_configured_ones() -> None:
     with pytest.raises(ValueError, match="belady"):
         make_policy("belady")
     assert math.isfinite(DecayedGdsfPolicy().value(_record("x")))
+
+
+def test_load_slots_queue_simultaneous_loads_that_an_unbounded_replay_runs_at_once() -> None:
+    # Four models, all requested at t=0, all fitting: no eviction, so the only
+    # difference between the replays is the slot queue. With two slots the third and
+    # fourth loads start when the first two end: waits 1, 1, 2, 2 s against 1 each.
+    models = {n: ModelSpec(n, SIZE, 1.0) for n in "abcd"}
+    trace = Trace("burst", [Request(0.0, n) for n in "abcd"], models)
+    runs = {
+        slots: simulate(trace, "lru", 4 * SIZE, hot_fraction=0.0, service_s=0.0, load_slots=slots)
+        for slots in (0, 2, 4)
+    }
+    assert runs[0].cold_start_s == pytest.approx(4.0)
+    assert runs[2].cold_start_s == pytest.approx(6.0)
+    assert runs[4].cold_start_s == pytest.approx(4.0), "as many slots as loads: no queue"
+    assert all(r.loads == 4 and r.evictions == 0 for r in runs.values())
