@@ -86,7 +86,8 @@ async def test_a_plan_with_the_servers_load_slots_predicts_its_loads_and_waits(
     # still loading (so not evictable) changes which are evicted, and CI saw 1.878 s for
     # two slots against 1.947 s unbounded. The slot queue's own effect is checked on a
     # trace with no eviction: tests/unit/simulation/test_policies.py.
-    assert unbounded["load_slots"] == 0 and unbounded["loads"] > 0, unbounded
+    assert unbounded["load_slots"] == 0, unbounded
+    assert unbounded["loads"] > 0, unbounded
     assert default_slots(log) == 2, "without --load-slots, the log's own limit is used"
 
 
