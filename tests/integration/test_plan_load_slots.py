@@ -79,9 +79,11 @@ async def test_a_plan_with_the_servers_load_slots_predicts_its_loads_and_waits(
     # The replay's request times are the live ones, but live each user's next request
     # waits for the last answer, so a different wait shifts what follows: measured on
     # 2 busy cores, loads 1.1-1.4x live and cold-start seconds 0.6-1.7x (an unbounded
-    # replay: 0.4-1.05x).
-    assert abs(two["loads"] - live_loads) <= 0.5 * live_loads, (two, live_loads)
-    assert 0.3 * live_s <= two["cold_start_s"] <= 3 * live_s, (two, live_s)
+    # replay: 0.4-1.05x); at load average 5.7 (CI beside three other jobs) 34 loads
+    # against 21 live (1.6x): slow live loads gather more requests each. The bounds say
+    # "the same order of magnitude", which a replay ignoring the log's slots can miss.
+    assert 0.5 * live_loads <= two["loads"] <= 2 * live_loads, (two, live_loads)
+    assert 0.25 * live_s <= two["cold_start_s"] <= 4 * live_s, (two, live_s)
     # An unbounded replay is a different prediction, not a lower bound: which models are
     # still loading (so not evictable) changes which are evicted, and CI saw 1.878 s for
     # two slots against 1.947 s unbounded. The slot queue's own effect is checked on a

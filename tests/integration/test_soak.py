@@ -27,6 +27,9 @@ RSS_GROWTH_LIMIT = 0.10
 target of the 30-minute soak (BENCHMARKS.md)."""
 
 
+# The suite's 120 s per-test limit is shorter than the soak itself plus its set-up on a
+# loaded machine (CI beside other jobs: cut at 120 s); its subprocess has its own limit.
+@pytest.mark.timeout(DURATION_S + 420)
 def test_soak_answers_everything_and_leaks_nothing(tmp_path: Path) -> None:
     out, plot = tmp_path / "soak.json", tmp_path / "soak.png"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "bench")])}

@@ -27,11 +27,15 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from modelyard.examples.mlp import build_add_onnx  # noqa: E402
 
 _MIB = 1 << 20
+# A killed node is declared dead within about 5 s (5 missed checks), well inside the
+# node-kill test's 30 s; a node that is starting is left alone for its first 10 s, since
+# on a loaded 2-core CI machine a raylet that had to answer within 1.5 s of starting was
+# declared dead before it registered ("The current node timed out during startup").
 HEALTH_CHECKS = {
-    "health_check_initial_delay_ms": 1000,
+    "health_check_initial_delay_ms": 10_000,
     "health_check_period_ms": 500,
-    "health_check_timeout_ms": 500,
-    "health_check_failure_threshold": 3,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 5,
 }
 NODE_BUDGET_MB = 400
 
@@ -73,25 +77,41 @@ class LocalCluster:
 def cluster() -> Iterator[LocalCluster]:
     """Head (no CPUs: it holds no model) plus nodes ``a`` and ``b``; this process is
     its driver, shared by every server a test starts."""
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 0,
-            "include_dashboard": False,
-            "object_store_memory": 100 * _MIB,
-            "node_ip_address": "127.0.0.1",
-            "_system_config": HEALTH_CHECKS,
-        },
-    )
-    local = LocalCluster(c)
+    local = _start_cluster()
     try:
-        local.add("a")
-        local.add("b")
-        ray.init(address=c.address, namespace="modelyard", log_to_driver=False)
+        ray.init(address=local.cluster.address, namespace="modelyard", log_to_driver=False)
         yield local
     finally:
         ray.shutdown()
-        c.shutdown()  # type: ignore[no-untyped-call]
+        local.cluster.shutdown()  # type: ignore[no-untyped-call]
+
+
+def _start_cluster(attempts: int = 2) -> LocalCluster:
+    """Head plus nodes ``a`` and ``b``. Ray gives a starting node a fixed 30 s to register
+    with the head; on an overloaded machine a start may miss it, so a failed start is shut
+    down and tried once more (the cluster is test scaffolding, not the code under test)."""
+    for attempt in range(attempts):
+        c = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 0,
+                "include_dashboard": False,
+                "object_store_memory": 100 * _MIB,
+                "node_ip_address": "127.0.0.1",
+                "_system_config": HEALTH_CHECKS,
+            },
+        )
+        local = LocalCluster(c)
+        try:
+            local.add("a")
+            local.add("b")
+        except Exception:
+            c.shutdown()  # type: ignore[no-untyped-call]
+            if attempt == attempts - 1:
+                raise
+            continue
+        return local
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="module")
