@@ -25,7 +25,8 @@ from modelyard.config.settings import load_settings  # noqa: E402
 from modelyard.manager.states import ModelState  # noqa: E402
 from modelyard.ray_app import RayApp  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+# 300 s: the first test also starts the cluster, which may be tried twice (conftest).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 _MIB = 1 << 20
 
