@@ -222,7 +222,9 @@ class DataPlane:
             return await self._infer(record, request, started)
         code: str = OK
         try:
-            return await self._infer(record, request, started)
+            if record.config.fallback:
+                return await self._infer(record, request, started)
+            return await self._infer_on(record, request, started)  # nothing to fall back to
         except BaseException as exc:
             code = outcome_code(exc)
             raise

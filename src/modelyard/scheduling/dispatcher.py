@@ -91,7 +91,7 @@ async def call_model(
     except ServerError as exc:
         error = exc
     except Exception as exc:
-        error = _raised(name, exc)
+        error = untyped_error(name, exc)
     else:
         try:
             parts = split_outputs(outputs, [r.rows for r in requests])
@@ -100,24 +100,8 @@ async def call_model(
     return CallReport(requests, parts, error, deadline, started, clock.monotonic())
 
 
-def _raised(name: str, exc: Exception) -> InternalError:
+def untyped_error(name: str, exc: Exception) -> InternalError:
     """The typed error of a model call that raised something untyped (logged; call it
     inside the ``except`` so the traceback is logged too)."""
     logger.exception("model %r: the model call raised", name)
     return InternalError(f"model {name!r}: the model call raised {type(exc).__name__}: {exc}")
-
-
-async def call_one(
-    name: str, execute: Execute, clock: Clock, inputs: dict[str, np.ndarray], deadline: float
-) -> tuple[dict[str, np.ndarray] | None, ServerError | None, float, float]:
-    """:func:`call_model` for one request alone (the scheduler's direct path), without the
-    batch's lists and report: ``(outputs, error, started, ended)``, exactly one of the
-    first two None. A batch of one is never split, so its outputs are not checked either."""
-    started = clock.monotonic()
-    try:
-        outputs = await execute(dict(inputs), deadline)
-    except ServerError as exc:
-        return None, exc, started, clock.monotonic()
-    except Exception as exc:
-        return None, _raised(name, exc), started, clock.monotonic()
-    return dict(outputs), None, started, clock.monotonic()

@@ -51,7 +51,7 @@ from modelyard.errors import (
 from modelyard.scheduling.batch_dispatch import BatchDispatcher
 from modelyard.scheduling.batcher import batch_key, row_count
 from modelyard.scheduling.breaker import BreakerState, CircuitBreaker, Permit
-from modelyard.scheduling.dispatcher import Execute, call_one
+from modelyard.scheduling.dispatcher import Execute, untyped_error
 from modelyard.scheduling.request_queue import QueuedRequest, RequestState
 from modelyard.scheduling.scheduler_core import (
     ADMISSION_COUNTERS,
@@ -325,10 +325,20 @@ class ModelScheduler(BatchDispatcher):
         in_call = self._in_call
         key = id(me)  # a task makes one direct call at a time
         in_call[key] = RunningCall(now, rows)
+        # dispatcher.call_model for a batch of one, unrolled: a batch of one is not split,
+        # so its outputs are not checked against the batch either.
+        clock = self._clock
+        outputs: dict[str, np.ndarray] | None = None
+        error: ServerError | None = None
+        started = clock.monotonic()
         try:
-            outputs, error, started, ended = await call_one(
-                self.name, self._execute, self._clock, inputs, deadline
-            )
+            try:
+                outputs = dict(await self._execute(dict(inputs), deadline))
+            except ServerError as exc:
+                error = exc
+            except Exception as exc:
+                error = untyped_error(self.name, exc)
+            ended = clock.monotonic()
         except asyncio.CancelledError:
             self._breaker.release([permit])
             if self._direct_tasks.get(me):

@@ -65,17 +65,19 @@ def decode_request(
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInputError("request needs a non-empty 'inputs' list")
+    shapes: list[tuple[int, ...] | None] = [None] * len(raw_inputs)
     if max_elements is not None:
         total = 0
-        for spec in raw_inputs:
-            if isinstance(spec, Mapping):
+        for i, spec in enumerate(raw_inputs):
+            if type(spec) is dict or isinstance(spec, Mapping):
                 name = str(spec.get("name"))
                 shape = check_shape(name, spec.get("shape"))
                 total = count_elements(name, shape, total, max_elements)
+                shapes[i] = shape  # checked: decode_input need not check it again
     offset = 0
     inputs = []
-    for spec in raw_inputs:
-        tensor, offset = decode_input(spec, binary, offset)
+    for spec, shape in zip(raw_inputs, shapes, strict=True):
+        tensor, offset = decode_input(spec, binary, offset, shape)
         inputs.append(tensor)
     if binary is not None and offset != len(binary):
         raise InvalidInputError(
