@@ -89,9 +89,8 @@ _RETRY_AFTER_BOUNDS_S = (0.01, 30.0)
 ARRIVAL_WINDOW_S = 2.0
 """How far back admitted requests count toward the arrival rate of each priority."""
 _EWMA_ALPHA = 0.2
-_ESTIMATE_BOUND = 2.0 * (1.0 / MIN_SHARE + 1.0)
-"""With an empty queue and no call running, a latency estimate plus the slack kept before
-the deadline is at most ``(1 / MIN_SHARE + 1) * upper_s * rows``; doubled against rounding."""
+_ROUNDING = 2.0
+"""Margin on the bound of a latency estimate below which admission skips estimating."""
 
 
 class Lifecycle(Enum):
@@ -291,18 +290,21 @@ class SchedulerCore:
         if not config.latency_slo_by_priority_s:
             if not config.early_rejection:
                 return None
-            # Only the deadline can refuse. With nothing queued or running, the estimate
-            # plus the slack is at most _ESTIMATE_BOUND * upper_s * rows (see
-            # ServiceTimes.upper_s and MIN_SHARE): a deadline well beyond that (most
-            # requests) is admitted without estimating, with the same outcome.
+            # Only the deadline can refuse. The estimate plus the slack is at most
+            # upper_s * ((running + queued + own rows) / MIN_SHARE + own rows) (see
+            # ServiceTimes.upper_s and wait_estimate): a deadline well beyond that (most
+            # requests) is admitted without estimating, with the same outcome, and
+            # without the estimate's walk over the queue.
             upper_s = self._service.upper_s
             if upper_s is None:
                 return None  # nothing measured: no estimate, never refused on a guess
-            if (
-                not self._queue
-                and not self._in_call
-                and deadline - now > _ESTIMATE_BOUND * upper_s * max(1, rows)
-            ):
+            own = max(1, rows)
+            ahead = self._queue.rows
+            if self._in_call:
+                # A call of 0 rows is predicted as one of the smallest size seen.
+                ahead += sum(max(1, call.rows) for call in self._in_call.values())
+            bound_s = upper_s * ((ahead + own) / MIN_SHARE + own)
+            if deadline - now > _ROUNDING * bound_s:
                 return None
         return decide(
             priority=priority,

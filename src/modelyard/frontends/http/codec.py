@@ -76,8 +76,8 @@ def decode_request(
                 shapes[i] = shape  # checked: decode_input need not check it again
     offset = 0
     inputs = []
-    for spec, shape in zip(raw_inputs, shapes, strict=True):
-        tensor, offset = decode_input(spec, binary, offset, shape)
+    for spec, known in zip(raw_inputs, shapes, strict=True):
+        tensor, offset = decode_input(spec, binary, offset, known)
         inputs.append(tensor)
     if binary is not None and offset != len(binary):
         raise InvalidInputError(
