@@ -154,7 +154,7 @@ def output_from_array(name: str, array: np.ndarray) -> InferOutput:
             if array.size
             else array.astype(object)
         )
-    return InferOutput(name, v2_datatype(array.dtype), tuple(int(d) for d in array.shape), array)
+    return InferOutput(name, v2_datatype(array.dtype), tuple(map(int, array.shape)), array)
 
 
 def json_data(out: InferOutput) -> list[Any]:

@@ -120,8 +120,9 @@ def encode_response(response: InferResponse, request: InferRequest) -> tuple[byt
             "datatype": out.datatype,
             "shape": list(out.shape),
         }
-        params = {k: v for k, v in out.parameters.items() if k != "binary_data"}
-        if out.parameters.get("binary_data", binary_default):
+        out_params = out.parameters
+        params = {k: v for k, v in out_params.items() if k != "binary_data"} if out_params else {}
+        if out_params.get("binary_data", binary_default):
             raw = binary_bytes(out)
             params["binary_data_size"] = len(raw)
             chunks.append(raw)
