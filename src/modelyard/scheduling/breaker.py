@@ -133,6 +133,16 @@ class CircuitBreaker:
         elif state is BreakerState.HALF_OPEN and any(p.is_probe for p in current):
             self._transition(BreakerState.OPEN if failed else BreakerState.CLOSED)
 
+    def record_one(self, *, failed: bool, permit: Permit) -> None:
+        """:meth:`record` for a call made for one request (the scheduler's direct path)."""
+        if permit.generation != self._generation:
+            return  # admitted under an earlier generation: says nothing about now
+        state = self.state
+        if state is BreakerState.CLOSED:
+            self._add_outcome(failed)
+        elif state is BreakerState.HALF_OPEN and permit.is_probe:
+            self._transition(BreakerState.OPEN if failed else BreakerState.CLOSED)
+
     def release(self, permits: Iterable[Permit]) -> None:
         """Hand back permits whose requests ended without an outcome that counts."""
         if self.state is not BreakerState.HALF_OPEN:

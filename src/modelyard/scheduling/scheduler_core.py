@@ -207,10 +207,10 @@ class SchedulerCore:
         """:meth:`_after_call` for a call of one request (the direct path), unrolled."""
         compute_s = ended - started
         if error is None:
-            self._breaker.record(failed=ended > deadline, permits=(permit,))
+            self._breaker.record_one(failed=ended > deadline, permit=permit)
             self._service.observe(rows, compute_s)
         elif isinstance(error, MODEL_FAULTS):
-            self._breaker.record(failed=True, permits=(permit,))
+            self._breaker.record_one(failed=True, permit=permit)
         else:
             self._breaker.release((permit,))
         old = self._ewma_call_s
