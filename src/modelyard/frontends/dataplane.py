@@ -222,9 +222,7 @@ class DataPlane:
             return await self._infer(record, request, started)
         code: str = OK
         try:
-            if record.config.fallback:
-                return await self._infer(record, request, started)
-            return await self._infer_on(record, request, started)  # nothing to fall back to
+            return await self._infer(record, request, started)
         except BaseException as exc:
             code = outcome_code(exc)
             raise
