@@ -13,10 +13,12 @@ at a time, in a loop. Printed per isolation:
 * the event-loop thread's CPU and wall time per request without a profiler (HTTP
   parsing and the socket write are not in it: ``bench/bench_overhead.py`` has those),
   and, with process isolation, the worker's CPU per request;
-* with cProfile on: self time per request grouped by module (``--top`` rows), and the
-  functions with the most self time. cProfile adds a fixed cost to every Python call:
-  read shares, not absolute times. Blocking calls that wake another process (the
-  channel's ``send``) include the time the woken process runs on a busy machine.
+* with cProfile on: the Python function calls per request (a count, so the same on a
+  quiet or a busy machine: the A/B figure least disturbed by other load), self time per
+  request grouped by module (``--top`` rows), and the functions with the most self time.
+  cProfile adds a fixed cost to every Python call: read shares, not absolute times.
+  Blocking calls that wake another process (the channel's ``send``) include the time the
+  woken process runs on a busy machine.
 """
 
 from __future__ import annotations
@@ -102,7 +104,11 @@ async def one(isolation: str, calls: int, top: int) -> None:
             for _ in range(calls):
                 await handler.infer_body("m", None, BODY, None, None, None)
             profile.disable()
-            _group(pstats.Stats(profile), calls, top)
+            stats = pstats.Stats(profile)
+            # Deterministic, unlike any time on a shared machine: the A/B figure to trust.
+            python_calls = sum(row[1] for row in stats.stats.values())  # type: ignore[attr-defined]
+            print(f"Python function calls per request: {python_calls / calls:.1f}")
+            _group(stats, calls, top)
         finally:
             await app.stop()
 

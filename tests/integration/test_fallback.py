@@ -41,6 +41,10 @@ async def test_a_model_that_cannot_load_is_answered_by_its_fallback(
         assert own.status_code == 200, own.text
         assert "x-modelyard-served-by" not in own.headers
         assert "parameters" not in own.json()
+        # The parameter is checked whether or not the model has a fallback to forbid.
+        r = await client.post("/v2/models/small/infer", json=_body(ADD_INPUT, fallback="no"))
+        assert r.status_code == 400, r.text
+        assert "'fallback' must be true or false" in r.json()["error"]
 
         r = await client.post("/v2/models/broken/infer", json=_body(ADD_INPUT))
         assert r.status_code == 200, r.text

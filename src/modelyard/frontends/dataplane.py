@@ -311,15 +311,28 @@ class DataPlane:
         self, record: ModelRecord, request: InferRequest, started: float
     ) -> InferResponse:
         client_timeout_s = check_client_timeout(request.timeout_s)
-        async with self.router.route_request(record, started, client_timeout_s) as route:
-            inputs = validate_inputs(record, request, route.info.inputs)
-            outputs = await route.scheduler.submit(
-                inputs, priority=request.priority, deadline=route.deadline
-            )
+        router = self.router
+        ready = router.enter_ready(record, started, client_timeout_s)
+        if ready is not None:  # the common case, without the context manager's costs
+            info, scheduler, deadline = ready
+            try:
+                inputs = validate_inputs(record, request, info.inputs)
+                outputs = await scheduler.submit(
+                    inputs, priority=request.priority, deadline=deadline
+                )
+            finally:
+                router.leave_ready(record)
+        else:
+            async with router.route_request(record, started, client_timeout_s) as route:
+                info = route.info
+                inputs = validate_inputs(record, request, info.inputs)
+                outputs = await route.scheduler.submit(
+                    inputs, priority=request.priority, deadline=route.deadline
+                )
         response = InferResponse(
             model_name=record.key.name,
             model_version=record.key.version,
-            outputs=select_outputs(request, outputs, route.info.outputs),
+            outputs=select_outputs(request, outputs, info.outputs),
             id=request.id,
         )
         # The raw bytes are a lower bound of any encoding: refuse before encoding them.

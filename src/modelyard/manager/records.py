@@ -26,6 +26,18 @@ class ModelKey:
 
     name: str
     version: str
+    _hash: int = field(init=False, repr=False, compare=False)
+    """Computed once: every request hashes its key several times (LRU, demand, policy)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.name, self.version)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[ModelKey], tuple[str, str]]:
+        # Rebuilt from its fields: a string's hash differs from one process to the next.
+        return (ModelKey, (self.name, self.version))
 
     def __str__(self) -> str:
         return f"{self.name}:{self.version}"

@@ -103,6 +103,38 @@ class Router:
             client_timeout_s=client_timeout_s,
         )
 
+    def enter_ready(
+        self, record: ModelRecord, started: float, client_timeout_s: float | None
+    ) -> tuple[InstanceInfo, ModelScheduler, float] | None:
+        """:meth:`route_request` without its context manager, for the common case: a
+        version with no extra replica that is ready and accepting now. Touches and leases
+        it as :meth:`route` does and returns ``(info, scheduler, deadline)``; the caller
+        must call :meth:`leave_ready` once the request is done. None (nothing touched or
+        leased): take :meth:`route_request`.
+
+        The checks run before the touch; the touch cannot change them (a prediction it
+        acts on never displaces the model being asked for, see ``anticipation.py``).
+        """
+        if record.replicas or not record.is_ready:
+            return None
+        info = record.info
+        scheduler = record.scheduler
+        if info is None or scheduler is None or not scheduler.is_accepting:
+            return None
+        timeout_s = record.config.timeout_s
+        if client_timeout_s is not None and client_timeout_s < timeout_s:
+            timeout_s = client_timeout_s
+        self.manager.touch(record)
+        record.leases += 1
+        record.route_leases += 1
+        return info, scheduler, started + timeout_s
+
+    @staticmethod
+    def leave_ready(record: ModelRecord) -> None:
+        """Release what :meth:`enter_ready` leased."""
+        record.route_leases -= 1
+        record.leases -= 1
+
     @asynccontextmanager
     async def route(
         self,

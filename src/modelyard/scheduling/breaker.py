@@ -58,6 +58,8 @@ class CircuitBreaker:
         self._clock = clock
         self._state = BreakerState.CLOSED
         self._generation = 0
+        self._permit = Permit(0, is_probe=False)
+        """The closed state's permit of the current generation: immutable, so shared."""
         self._outcomes: deque[bool] = deque(maxlen=config.window)  # True = failure
         self._failures = 0
         self._opened_until: float | None = None
@@ -95,7 +97,7 @@ class CircuitBreaker:
         """A permit for one request, or None when the request must be refused."""
         state = self.state
         if state is BreakerState.CLOSED:
-            return Permit(self._generation, is_probe=False)
+            return self._permit
         if state is BreakerState.HALF_OPEN and (
             self._probes_in_flight < self._config.half_open_probes
         ):
@@ -131,6 +133,16 @@ class CircuitBreaker:
         elif state is BreakerState.HALF_OPEN and any(p.is_probe for p in current):
             self._transition(BreakerState.OPEN if failed else BreakerState.CLOSED)
 
+    def record_one(self, *, failed: bool, permit: Permit) -> None:
+        """:meth:`record` for a call made for one request (the scheduler's direct path)."""
+        if permit.generation != self._generation:
+            return  # admitted under an earlier generation: says nothing about now
+        state = self.state
+        if state is BreakerState.CLOSED:
+            self._add_outcome(failed)
+        elif state is BreakerState.HALF_OPEN and permit.is_probe:
+            self._transition(BreakerState.OPEN if failed else BreakerState.CLOSED)
+
     def release(self, permits: Iterable[Permit]) -> None:
         """Hand back permits whose requests ended without an outcome that counts."""
         if self.state is not BreakerState.HALF_OPEN:
@@ -164,6 +176,7 @@ class CircuitBreaker:
         old = self._state
         self._state = state
         self._generation += 1
+        self._permit = Permit(self._generation, is_probe=False)
         self._probes_in_flight = 0
         self._outcomes.clear()
         self._failures = 0

@@ -91,11 +91,17 @@ async def call_model(
     except ServerError as exc:
         error = exc
     except Exception as exc:
-        logger.exception("model %r: the model call raised", name)
-        error = InternalError(f"model {name!r}: the model call raised {type(exc).__name__}: {exc}")
+        error = untyped_error(name, exc)
     else:
         try:
             parts = split_outputs(outputs, [r.rows for r in requests])
         except ValueError as exc:  # the model broke the batch contract
             error = InternalError(f"model {name!r}: {exc}")
     return CallReport(requests, parts, error, deadline, started, clock.monotonic())
+
+
+def untyped_error(name: str, exc: Exception) -> InternalError:
+    """The typed error of a model call that raised something untyped (logged; call it
+    inside the ``except`` so the traceback is logged too)."""
+    logger.exception("model %r: the model call raised", name)
+    return InternalError(f"model {name!r}: the model call raised {type(exc).__name__}: {exc}")

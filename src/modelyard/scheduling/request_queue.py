@@ -67,6 +67,8 @@ class RequestQueue:
         self.aging_s = aging_s
         self._levels: dict[int, deque[QueuedRequest]] = {}
         self._size = 0
+        self.rows = 0
+        """Rows of every queued request together (an upper bound of any rows ahead)."""
 
     def __len__(self) -> int:
         return self._size
@@ -85,6 +87,7 @@ class RequestQueue:
         """Append ``request`` to its priority's FIFO; the caller checked :attr:`is_full`."""
         self._levels.setdefault(request.priority, deque()).append(request)
         self._size += 1
+        self.rows += request.rows
 
     def remove(self, request: QueuedRequest) -> bool:
         """Take ``request`` out wherever it is; False when it was not queued."""
@@ -96,6 +99,7 @@ class RequestQueue:
         except ValueError:
             return False
         self._size -= 1
+        self.rows -= request.rows
         if not level:
             del self._levels[request.priority]
         return True
@@ -122,4 +126,5 @@ class RequestQueue:
         requests = list(self)
         self._levels.clear()
         self._size = 0
+        self.rows = 0
         return requests

@@ -51,7 +51,7 @@ from modelyard.errors import (
 from modelyard.scheduling.batch_dispatch import BatchDispatcher
 from modelyard.scheduling.batcher import batch_key, row_count
 from modelyard.scheduling.breaker import BreakerState, CircuitBreaker, Permit
-from modelyard.scheduling.dispatcher import Execute, call_model
+from modelyard.scheduling.dispatcher import Execute, untyped_error
 from modelyard.scheduling.request_queue import QueuedRequest, RequestState
 from modelyard.scheduling.scheduler_core import (
     ADMISSION_COUNTERS,
@@ -170,10 +170,11 @@ class ModelScheduler(BatchDispatcher):
                 f"retry in about {retry_after_s:.2f} s",
                 retry_after_s=retry_after_s,
             )
-        refusal = self._refusal(level, row_count(inputs), now, deadline)
+        rows = row_count(inputs)
+        refusal = self._refusal(level, rows, now, deadline)
         if refusal is not None:
             raise self._refusal_error(refusal, level)
-        self._note_arrival(level, row_count(inputs), now)
+        self._note_arrival(level, rows, now)
         permit = self._breaker.admit()
         if permit is None:
             self._counts["rejected_circuit"] += 1
@@ -186,7 +187,7 @@ class ModelScheduler(BatchDispatcher):
             deadline=deadline,
             arrival=now,
             seq=next(self._seq),
-            rows=row_count(inputs),
+            rows=rows,
             batch_key=batch_key(inputs),
             future=asyncio.get_running_loop().create_future(),
             permit=permit,
@@ -309,56 +310,62 @@ class ModelScheduler(BatchDispatcher):
         now: float,
         permit: Permit,
     ) -> dict[str, np.ndarray]:
-        """Call the model in the submitter's own task (see :meth:`_can_run_direct`)."""
-        request = QueuedRequest(
-            inputs=inputs,
-            priority=priority,
-            deadline=deadline,
-            arrival=now,
-            seq=next(self._seq),
-            rows=row_count(inputs),
-            batch_key=None,
-            future=asyncio.get_running_loop().create_future(),
-            permit=permit,
-            state=RequestState.RUNNING,
-        )
-        self._counts["accepted"] += 1
+        """Call the model in the submitter's own task (see :meth:`_can_run_direct`).
+
+        What a batch of one through the dispatcher would do, without its objects: no
+        queue entry, future or report; the breaker, estimates and hook are fed alike."""
+        rows = row_count(inputs)
+        counts = self._counts
+        counts["accepted"] += 1
         self._direct += 1
         self._direct_idle.clear()
         me = asyncio.current_task()
         assert me is not None
         self._direct_tasks[me] = False
-        batch = [request]
-        self._in_call[id(batch)] = RunningCall(now, request.rows)
+        in_call = self._in_call
+        key = id(me)  # a task makes one direct call at a time
+        in_call[key] = RunningCall(now, rows)
+        # dispatcher.call_model for a batch of one, unrolled: a batch of one is not split,
+        # so its outputs are not checked against the batch either.
+        clock = self._clock
+        outputs: dict[str, np.ndarray] | None = None
+        error: ServerError | None = None
+        started = clock.monotonic()
         try:
-            report = await call_model(self.name, self._execute, self._clock, batch)
+            try:
+                outputs = dict(await self._execute(dict(inputs), deadline))
+            except ServerError as exc:
+                error = exc
+            except Exception as exc:
+                error = untyped_error(self.name, exc)
+            ended = clock.monotonic()
         except asyncio.CancelledError:
             self._breaker.release([permit])
             if self._direct_tasks.get(me):
                 me.uncancel()
-                self._counts["failed"] += 1
+                counts["failed"] += 1
                 raise self._not_ready_error("closed") from None
-            self._counts["cancelled"] += 1
+            counts["cancelled"] += 1
             raise
         finally:
-            del self._in_call[id(batch)]
+            del in_call[key]
             del self._direct_tasks[me]
             self._direct -= 1
             if not self._direct:
                 self._direct_idle.set()
-            request.state = RequestState.DONE
             if self._queue:
                 self._wakeup.set()  # what arrived meanwhile waits for the dispatcher
-        self._counts["model_calls"] += 1
-        self._after_call(report)
-        if report.error is not None:
+        counts["model_calls"] += 1
+        self._after_one(permit, rows, now, deadline, error, started, ended)
+        if error is not None:
             # A call stopped at its deadline (the instance's timeout) expired running; it
             # did not fail.
-            expired = isinstance(report.error, DeadlineExceededError)
-            self._counts["expired_running" if expired else "failed"] += 1
-            raise copy_error(report.error)
-        if request.deadline <= report.ended:
-            self._counts["expired_running"] += 1
-            raise self._deadline_error(request, was_run=True)
-        self._counts["succeeded"] += 1
-        return report.outputs[0]
+            expired = isinstance(error, DeadlineExceededError)
+            counts["expired_running" if expired else "failed"] += 1
+            raise copy_error(error)
+        if deadline <= ended:
+            counts["expired_running"] += 1
+            raise self._late_error(now)
+        counts["succeeded"] += 1
+        assert outputs is not None
+        return outputs

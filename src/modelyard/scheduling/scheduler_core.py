@@ -30,12 +30,13 @@ from modelyard.errors import (
     ServerError,
 )
 from modelyard.scheduling.adaptive import AdaptiveBatchController
-from modelyard.scheduling.breaker import BreakerState, CircuitBreaker
+from modelyard.scheduling.breaker import BreakerState, CircuitBreaker, Permit
 from modelyard.scheduling.config import SchedulerConfig
 from modelyard.scheduling.degradation import Refusal, decide
-from modelyard.scheduling.dispatcher import CallReport, Execute
+from modelyard.scheduling.dispatcher import MODEL_FAULTS, CallReport, Execute
 from modelyard.scheduling.request_queue import QueuedRequest, RequestQueue
 from modelyard.scheduling.wait_estimate import (
+    MIN_SHARE,
     RunningCall,
     ServiceTimes,
     estimate_latency_s,
@@ -88,6 +89,8 @@ _RETRY_AFTER_BOUNDS_S = (0.01, 30.0)
 ARRIVAL_WINDOW_S = 2.0
 """How far back admitted requests count toward the arrival rate of each priority."""
 _EWMA_ALPHA = 0.2
+_ROUNDING = 2.0
+"""Margin on the bound of a latency estimate below which admission skips estimating."""
 
 
 class Lifecycle(Enum):
@@ -191,6 +194,41 @@ class SchedulerCore:
             except Exception:
                 logger.exception("model %r: on_batch hook failed; ignoring it", self.name)
 
+    def _after_one(
+        self,
+        permit: Permit,
+        rows: int,
+        arrival: float,
+        deadline: float,
+        error: ServerError | None,
+        started: float,
+        ended: float,
+    ) -> None:
+        """:meth:`_after_call` for a call of one request (the direct path), unrolled."""
+        compute_s = ended - started
+        if error is None:
+            self._breaker.record_one(failed=ended > deadline, permit=permit)
+            self._service.observe(rows, compute_s)
+        elif isinstance(error, MODEL_FAULTS):
+            self._breaker.record_one(failed=True, permit=permit)
+        else:
+            self._breaker.release((permit,))
+        old = self._ewma_call_s
+        self._ewma_call_s = compute_s if old is None else old + _EWMA_ALPHA * (compute_s - old)
+        old = self._ewma_call_requests
+        self._ewma_call_requests = 1.0 if old is None else old + _EWMA_ALPHA * (1.0 - old)
+        if self._adaptive is not None and (
+            error is None or isinstance(error, DeadlineExceededError)
+        ):
+            self._adaptive.observe(
+                batch_size=rows, compute_s=compute_s, latencies_s=[ended - arrival]
+            )
+        if self.on_batch is not None:
+            try:
+                self.on_batch(rows, [started - arrival], compute_s)
+            except Exception:
+                logger.exception("model %r: on_batch hook failed; ignoring it", self.name)
+
     # ---------------------------------------------------------------- degradation
 
     @property
@@ -249,8 +287,25 @@ class SchedulerCore:
 
     def _refusal(self, priority: int, rows: int, now: float, deadline: float) -> Refusal | None:
         config = self.config
-        if not config.early_rejection and not config.latency_slo_by_priority_s:
-            return None
+        if not config.latency_slo_by_priority_s:
+            if not config.early_rejection:
+                return None
+            # Only the deadline can refuse. The estimate plus the slack is at most
+            # upper_s * ((running + queued + own rows) / MIN_SHARE + own rows) (see
+            # ServiceTimes.upper_s and wait_estimate): a deadline well beyond that (most
+            # requests) is admitted without estimating, with the same outcome, and
+            # without the estimate's walk over the queue.
+            upper_s = self._service.upper_s
+            if upper_s is None:
+                return None  # nothing measured: no estimate, never refused on a guess
+            own = max(1, rows)
+            ahead = self._queue.rows
+            if self._in_call:
+                # A call of 0 rows is predicted as one of the smallest size seen.
+                ahead += sum(max(1, call.rows) for call in self._in_call.values())
+            bound_s = upper_s * ((ahead + own) / MIN_SHARE + own)
+            if deadline - now > _ROUNDING * bound_s:
+                return None
         return decide(
             priority=priority,
             now=now,
@@ -304,6 +359,14 @@ class SchedulerCore:
         where = "while it was running" if was_run else "while it was queued; it was not run"
         return DeadlineExceededError(
             f"model {self.name!r}: deadline passed {where} ({waited_s:.3f} s after arrival)"
+        )
+
+    def _late_error(self, arrival: float) -> DeadlineExceededError:
+        """:meth:`_deadline_error` of a request that arrived at ``arrival`` and ran late."""
+        waited_s = self._clock.monotonic() - arrival
+        return DeadlineExceededError(
+            f"model {self.name!r}: deadline passed while it was running "
+            f"({waited_s:.3f} s after arrival)"
         )
 
     def _circuit_open_error(self) -> CircuitOpenError:

@@ -42,6 +42,10 @@ class ServiceTimes:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
         self._alpha = alpha
         self._by_rows: dict[int, float] = {}
+        self.upper_s: float | None = None
+        """The largest per-size service time: ``predict_s(rows) <= upper_s * rows`` for any
+        ``rows >= 1`` (None before any measurement). Admission uses it to skip the estimate
+        when no estimate could come near a request's deadline."""
 
     @property
     def is_known(self) -> bool:
@@ -53,7 +57,9 @@ class ServiceTimes:
         if rows < 1 or compute_s < 0:
             return
         old = self._by_rows.get(rows)
-        self._by_rows[rows] = compute_s if old is None else old + self._alpha * (compute_s - old)
+        by_rows = self._by_rows
+        by_rows[rows] = compute_s if old is None else old + self._alpha * (compute_s - old)
+        self.upper_s = max(by_rows.values()) if len(by_rows) > 1 else by_rows[rows]
 
     def predict_s(self, rows: int) -> float | None:
         """Expected compute seconds of a call of ``rows`` rows; None before any measurement."""

@@ -107,3 +107,32 @@ def test_outcomes_from_an_earlier_generation_are_ignored(
     assert state(breaker) is BreakerState.HALF_OPEN  # a stale success cannot close it
     assert not breaker.may_run(stale)
     assert breaker.may_run(admit(breaker))
+
+
+def test_record_one_moves_the_breaker_as_record_does() -> None:
+    """The direct path's ``record_one`` and ``record`` of one permit agree in every state."""
+    import random
+
+    rng = random.Random(21)
+    for _ in range(300):
+        clocks = FakeClock(), FakeClock()
+        pair = CircuitBreaker(CONFIG, clocks[0]), CircuitBreaker(CONFIG, clocks[1])
+        for _ in range(rng.randint(1, 12)):
+            step = rng.random()
+            if step < 0.2:  # time passes (an open breaker may half-open)
+                delta = COOLDOWN_S * rng.uniform(0.0, 1.5)
+                for c in clocks:
+                    c.advance(delta)
+                continue
+            permits = [b.admit() for b in pair]
+            if permits[0] is None:
+                assert permits[1] is None
+                continue
+            assert permits[1] is not None
+            failed = step < 0.6
+            pair[0].record(failed=failed, permits=[permits[0]])
+            pair[1].record_one(failed=failed, permit=permits[1])
+            assert pair[0].snapshot() == pair[1].snapshot()
+        stale = Permit(-1, is_probe=True)  # an earlier generation says nothing
+        pair[1].record_one(failed=True, permit=stale)
+        assert pair[0].snapshot() == pair[1].snapshot()

@@ -65,17 +65,19 @@ def decode_request(
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInputError("request needs a non-empty 'inputs' list")
+    shapes: list[tuple[int, ...] | None] = [None] * len(raw_inputs)
     if max_elements is not None:
         total = 0
-        for spec in raw_inputs:
-            if isinstance(spec, Mapping):
+        for i, spec in enumerate(raw_inputs):
+            if type(spec) is dict or isinstance(spec, Mapping):
                 name = str(spec.get("name"))
                 shape = check_shape(name, spec.get("shape"))
                 total = count_elements(name, shape, total, max_elements)
+                shapes[i] = shape  # checked: decode_input need not check it again
     offset = 0
     inputs = []
-    for spec in raw_inputs:
-        tensor, offset = decode_input(spec, binary, offset)
+    for spec, known in zip(raw_inputs, shapes, strict=True):
+        tensor, offset = decode_input(spec, binary, offset, known)
         inputs.append(tensor)
     if binary is not None and offset != len(binary):
         raise InvalidInputError(
@@ -118,8 +120,9 @@ def encode_response(response: InferResponse, request: InferRequest) -> tuple[byt
             "datatype": out.datatype,
             "shape": list(out.shape),
         }
-        params = {k: v for k, v in out.parameters.items() if k != "binary_data"}
-        if out.parameters.get("binary_data", binary_default):
+        out_params = out.parameters
+        params = {k: v for k, v in out_params.items() if k != "binary_data"} if out_params else {}
+        if out_params.get("binary_data", binary_default):
             raw = binary_bytes(out)
             params["binary_data_size"] = len(raw)
             chunks.append(raw)

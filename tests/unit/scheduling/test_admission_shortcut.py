@@ -1,0 +1,86 @@
+"""Admission's shortcut (no latency estimate when none could reach the deadline) decides
+exactly as the full estimate does, in every state of queue, running calls and arrivals."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import numpy as np
+
+from modelyard.scheduling import SchedulerConfig
+from modelyard.scheduling.breaker import Permit
+from modelyard.scheduling.degradation import Refusal, decide
+from modelyard.scheduling.request_queue import QueuedRequest
+from modelyard.scheduling.scheduler_core import SchedulerCore
+from modelyard.scheduling.wait_estimate import RunningCall
+
+from ._fakes import FakeClock
+
+
+async def _never(inputs: dict[str, np.ndarray], deadline: float) -> dict[str, np.ndarray]:
+    raise AssertionError("no model call in this test")
+
+
+def _full_decision(
+    core: SchedulerCore, priority: int, rows: int, now: float, deadline: float
+) -> Refusal | None:
+    """What admission decided before the shortcut: always from the estimate."""
+    config = core.config
+    return decide(
+        priority=priority,
+        now=now,
+        deadline=deadline,
+        estimate_s=lambda q: core.estimate_latency_s(q, rows if q == priority else 1),
+        early_rejection=config.early_rejection,
+        by_priority_s=config.latency_slo_by_priority_s,
+        default_slo_s=config.latency_slo_s,
+        slack_s=core.service_times.predict_s(rows) or 0.0,
+    )
+
+
+async def test_shortcut_decides_as_the_estimate_does() -> None:
+    rng = random.Random(18)
+    clock = FakeClock()
+    loop = asyncio.get_running_loop()
+    skipped = refused = 0
+    for _ in range(2000):
+        clock.advance(rng.uniform(0.0, 1.0))
+        now = clock.monotonic()
+        config = SchedulerConfig(
+            max_batch_size=rng.choice([1, 2, 4, 8]),
+            max_concurrency=rng.choice([1, 1, 2, 4]),
+            supports_batching=rng.random() < 0.7,
+        )
+        core = SchedulerCore("m", config, _never, clock)
+        for _ in range(rng.randint(0, 4)):
+            core.service_times.observe(rng.randint(0, 9), rng.uniform(0.0, 0.3))
+        for seq in range(rng.choice([0, 0, 1, 5, 40])):
+            core._queue.push(
+                QueuedRequest(
+                    inputs={},
+                    priority=rng.randint(1, 4),
+                    deadline=now + 10.0,
+                    arrival=now - rng.uniform(0.0, 3.0),
+                    seq=seq,
+                    rows=rng.randint(0, 4),
+                    batch_key=None,
+                    future=loop.create_future(),
+                    permit=Permit(0, is_probe=False),
+                )
+            )
+        for i in range(rng.choice([0, 0, 1, 2, 4])):
+            core._in_call[i] = RunningCall(now - rng.uniform(0.0, 0.5), rng.randint(0, 8))
+        for _ in range(rng.randint(0, 30)):
+            core._note_arrival(rng.randint(1, 4), rng.randint(1, 4), now - rng.uniform(0.0, 2.5))
+        priority, rows = rng.randint(1, 4), rng.randint(0, 6)
+        # Deadlines from just past now to far beyond any estimate: both sides of the bound.
+        deadline = now + 10 ** rng.uniform(-4.0, 2.0)
+        expected = _full_decision(core, priority, rows, now, deadline)
+        got = core._refusal(priority, rows, now, deadline)
+        assert got == expected
+        refused += expected is not None
+        skipped += core.service_times.is_known and expected is None
+    # The draw reaches both outcomes often, so the comparison means something.
+    assert refused > 100
+    assert skipped > 100
