@@ -74,7 +74,11 @@ class ModelManager:
         self.admission = Admission(
             budget,
             policy
-            or make_policy(settings.eviction_policy, half_life_s=settings.demand_half_life_s),
+            or make_policy(
+                settings.eviction_policy,
+                half_life_s=settings.demand_half_life_s,
+                period_s=settings.eviction_period_s,
+            ),
             self.records,
             lambda victim, reason: self._spawn_evict(victim, reason),
             self.clock,
