@@ -67,8 +67,9 @@ class PrefetchConfig(BaseModel):
     """... and seen at least this many times."""
     sole_observations: PositiveInt = 2
     """... or this many times, if it is the only successor its model has ever had and
-    such sole successors have been right at least 80 % of the last 50 times (a stream
-    of pipelines; on independent requests they are not, and this never applies)."""
+    such sole successors have been right at least ``min_probability`` of the last 50
+    times (a stream of pipelines; on independent requests they are not, and this never
+    applies)."""
     displace: bool = True
     """When the prediction does not fit in free budget, let it evict idle, colder models
     whose expected reload cost (P(use within ``horizon_s``) times reload seconds) is lower

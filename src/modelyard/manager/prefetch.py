@@ -80,6 +80,9 @@ class MarkovPredictor:
         self._last: str | None = None
         self._max_models = max_models
         self._sole_record: deque[bool] = deque(maxlen=SOLE_TRACK)
+        self.sole_threshold = 0.6
+        """How often sole successors must have been right (the prefetcher sets its
+        ``min_probability``)."""
 
     def observe(self, model: str) -> None:
         """Record a request for ``model``."""
@@ -100,10 +103,10 @@ class MarkovPredictor:
             return None
         total = sum(counts.values())
         successor, n = counts.most_common(1)[0]
-        sole = len(counts) == 1 and self.sole_reliable()
+        sole = len(counts) == 1 and self.sole_reliable(self.sole_threshold)
         return Prediction(successor, n / total, total, sole)
 
-    def sole_reliable(self, threshold: float = 0.8) -> bool:
+    def sole_reliable(self, threshold: float = 0.6) -> bool:
         """Whether sole successors proved right at least ``threshold`` of the last
         :data:`SOLE_TRACK` times they were tested (and were tested often enough)."""
         record = self._sole_record
@@ -194,6 +197,7 @@ class Prefetcher:
         self._estimate_bytes = estimate_bytes
         self._victims = victims
         self.predictor = predictor or MarkovPredictor()
+        self.predictor.sole_threshold = config.min_probability
         self.histograms = histograms or ArrivalHistograms()
 
     def after(

@@ -83,7 +83,7 @@ class TimeOfDay:
     def weight(self, now: float) -> float:
         """How much the cycle is to be believed, 0 to 1: how well the time-of-day
         profiles of even periods (days) agree with those of odd ones, as a correlation
-        pooled over every model (0 until two whole periods have been seen).
+        pooled over every model, over the bins both have seen (0 before three such bins).
 
         Bins that differ by chance, or by bursts that fall at no particular time of day,
         differ differently from one day to the next; a daily cycle repeats. Without
@@ -93,11 +93,16 @@ class TimeOfDay:
         if 0 <= now - asof < self.period_s / self.bins / 10:
             return value
         value = 0.0
-        if self._start is not None and now - self._start >= 2 * self.period_s:
+        if self._start is not None and now - self._start >= self.period_s:
+            # Only bins both kinds of day have seen whole (the second may be under way).
+            shared = [
+                b for b in range(self.bins) if self._seen(b, 0, now) and self._seen(b, 1, now)
+            ]
             products = even_squares = odd_squares = 0.0
-            for counts in self._counts.values():
-                even, odd = counts[: self.bins], counts[self.bins :]
-                mean_even, mean_odd = sum(even) / self.bins, sum(odd) / self.bins
+            for counts in self._counts.values() if len(shared) > 2 else ():
+                even = [counts[b] for b in shared]
+                odd = [counts[b + self.bins] for b in shared]
+                mean_even, mean_odd = sum(even) / len(shared), sum(odd) / len(shared)
                 for e, o in zip(even, odd, strict=True):
                     products += (e - mean_even) * (o - mean_odd)
                     even_squares += (e - mean_even) ** 2
@@ -106,6 +111,21 @@ class TimeOfDay:
                 value = max(0.0, products / math.sqrt(even_squares * odd_squares))
         self._weight = (now, value)
         return value
+
+    def _seen(self, b: int, parity: int, now: float) -> bool:
+        """Whether bin ``b`` of some day of ``parity`` (0: even) lay wholly between the
+        first observation and ``now``."""
+        assert self._start is not None
+        if now - self._start >= 3 * self.period_s:
+            return True  # a whole day of each kind lies in between
+        width = self.period_s / self.bins
+        day = int(self._start // self.period_s)
+        while day * self.period_s <= now:
+            begins = day * self.period_s + b * width
+            if day % 2 == parity and begins >= self._start and begins + width <= now:
+                return True
+            day += 1
+        return False
 
     def forget(self, key: Hashable) -> None:
         """Drop ``key``'s counts."""

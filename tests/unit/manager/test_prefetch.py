@@ -342,11 +342,11 @@ def test_sole_successors_are_not_trusted_on_independent_requests() -> None:
     assert fired[0] == fired[1]
 
 
-def test_sole_reliable_needs_enough_trials_and_80_percent_of_them_right() -> None:
+def test_sole_reliable_needs_enough_trials_and_the_threshold_of_them_right() -> None:
     p = MarkovPredictor()
     for m in "ab" * 6:  # from the third request on, each tests a sole successor: 9 right
         p.observe(m)
-    assert not p.sole_reliable()  # right every time, but fewer than 10 trials
+    assert not p.sole_reliable(0.8)  # right every time, but fewer than 10 trials
     steps = [
         ("a", True),  # b -> a: 10 of 10 right
         ("c", True),  # a's sole successor was b: 10 of 11
@@ -356,4 +356,9 @@ def test_sole_reliable_needs_enough_trials_and_80_percent_of_them_right() -> Non
     ]
     for model, reliable in steps:
         p.observe(model)
-        assert p.sole_reliable() is reliable, model
+        assert p.sole_reliable(0.8) is reliable, model
+    assert p.sole_reliable(0.75)
+    # A prefetcher holds its chain to its own min_probability.
+    config = PrefetchConfig(min_probability=0.75)
+    prefetcher = Prefetcher(config, lambda n: _record(n, 1.0), lambda r: 0, lambda r: 0, p)
+    assert prefetcher.predictor.sole_threshold == 0.75
