@@ -164,7 +164,7 @@ def test_arrival_cost_evicts_the_model_whose_day_is_over() -> None:
             service_s=0.0,
             load_slots=0,
             period_s=period,
-        )  # fmt: skip
+        )
         for period in (100.0, 0.0)
     ]
     daily, flat = runs
