@@ -26,7 +26,6 @@ from modelyard.manager.eviction import (
     DemandTracker,
     EvictionPolicy,
     cap_hot,
-    demand_scale,
     protect_hot,
     select_victims,
 )
@@ -86,8 +85,7 @@ class Admission:
         victims while colder models are evictable, or will be once their loads finish)."""
         if self.demand is None or self.hot_fraction <= 0:
             return {}
-        now = self._clock.monotonic()
-        hot = self.demand.hot(now, self.hot_fraction, demand_scale(self.policy))
+        hot = self.demand.hot(self._clock.monotonic(), self.hot_fraction)
         if not hot:
             return hot
         sizes: dict[Hashable, int] = {}

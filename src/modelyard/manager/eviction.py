@@ -75,6 +75,9 @@ class DemandTracker:
         if half_life_s <= 0:
             raise ValueError("half_life_s must be positive")
         self.half_life_s = half_life_s
+        self.scale: Callable[[Hashable, float], float] | None = None
+        """What :meth:`hot` multiplies demand by unless told otherwise (the policy's
+        time of day: :func:`demand_scale`, set by whoever pairs the two)."""
         self._rate = math.log(2) / half_life_s
         self._demand: dict[Hashable, tuple[float, float]] = {}
 
@@ -102,8 +105,9 @@ class DemandTracker:
 
         Ranked among every model that has had a request; a model whose demand decayed
         below a thousandth of a request no longer counts as known. ``scale(key, now)``,
-        if given, multiplies each demand first (the time of day's, :func:`demand_scale`).
+        if given (else :attr:`scale`), multiplies each demand first (the time of day's).
         """
+        scale = scale or self.scale
         ranked = [
             (self.demand(k, now) * (scale(k, now) if scale else 1.0), k) for k in self._demand
         ]

@@ -27,6 +27,9 @@ class TimeOfDay:
     the half of the day that is now, near 0 for one that sleeps now. It is 1 until a
     whole period has been seen (nothing is known of the rest of the day before), and
     shrunk toward 1 as if ``prior`` more episodes had been spread evenly.
+
+    Any steady clock will do (the manager's is monotonic): the bins need not start at
+    midnight, only the period must be the traffic's.
     """
 
     def __init__(

@@ -134,6 +134,7 @@ class _Cache:
         self.hot_fraction = hot_fraction
         self.service_s = service_s
         self.demand = DemandTracker(half_life_s)
+        self.demand.scale = demand_scale(policy)
         self.records: dict[str, ModelRecord] = {}
         for name, spec in self.specs.items():
             r = ModelRecord(
@@ -175,7 +176,7 @@ class _Cache:
     def hot(self) -> dict[Hashable, float]:
         if self.hot_fraction <= 0:
             return {}
-        hot = self.demand.hot(self.now, self.hot_fraction, demand_scale(self.policy))
+        hot = self.demand.hot(self.now, self.hot_fraction)
         sizes: dict[Hashable, int] = {
             r.key: self.specs[n].size_bytes for n, r in self.records.items() if r.key in hot
         }

@@ -179,6 +179,8 @@ def test_the_hot_rule_ranks_demand_by_the_time_of_day() -> None:
             d.observe(f"m{i}", 0.0)
     # m19 has the most recent demand but its day is over: m18 and m17 are hot now.
     assert set(d.hot(0.0, scale=lambda k, now: 0.1 if k == "m19" else 1.0)) == {"m18", "m17"}
+    d.scale = lambda k, now: 0.1 if k == "m18" else 1.0  # what the manager pairs it with
+    assert set(d.hot(0.0)) == {"m19", "m17"}
     policy = ArrivalCostPolicy(period_s=100.0)
     assert demand_scale(policy) == policy.time_of_day.factor  # type: ignore[union-attr]
     assert demand_scale(ArrivalCostPolicy(period_s=None)) is None
