@@ -24,6 +24,11 @@ from modelyard.simulation.engine import SimResult, simulate
 from modelyard.simulation.traces import azure_like, heterogeneous_models, standard_traces, zipf
 
 POLICIES = ["lru", "lfu", "cost", "gdsf-decay", "arrival-cost"]
+DAY_S = 600.0
+"""The synthetic traces' day (the diurnal trace's cycle: ten minutes, so that a trace of
+about an hour holds several); ``arrival-cost`` is told it, as a server is told 24 h
+(``eviction_period_s``). It acts on a cycle only once the days agree, so the traces
+without one replay as with no period at all."""
 
 
 def _policy_table(seeds: int, n_models: int, n_requests: int) -> list[dict[str, object]]:
@@ -39,7 +44,7 @@ def _policy_table(seeds: int, n_models: int, n_requests: int) -> list[dict[str, 
                 "belady": simulate(trace, "belady", budget),
             }
             for p in POLICIES:
-                runs[p] = simulate(trace, p, budget)
+                runs[p] = simulate(trace, p, budget, period_s=DAY_S)
             for label, r in runs.items():
                 acc = sums[(trace.name, label)]
                 acc[0] += r.cold_starts / seeds
@@ -136,7 +141,7 @@ def _scale(n_models: int, n_requests: int) -> list[dict[str, object]]:
             ("belady", "belady", 0.0),
         ):
             t0 = time.perf_counter()
-            r = simulate(trace, policy, budget, hot_fraction=hot)
+            r = simulate(trace, policy, budget, hot_fraction=hot, period_s=DAY_S)
             took = time.perf_counter() - t0
             print(
                 f"| {trace.name} | {label} | {r.requests} | {asked} | {r.cold_starts} "

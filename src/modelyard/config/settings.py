@@ -65,6 +65,11 @@ class PrefetchConfig(BaseModel):
     """Only act on predictions at least this likely."""
     min_observations: PositiveInt = 10
     """... and seen at least this many times."""
+    sole_observations: PositiveInt = 2
+    """... or this many times, if it is the only successor its model has ever had and
+    such sole successors have been right at least ``min_probability`` of the last 50
+    times (a stream of pipelines; on independent requests they are not, and this never
+    applies)."""
     displace: bool = True
     """When the prediction does not fit in free budget, let it evict idle, colder models
     whose expected reload cost (P(use within ``horizon_s``) times reload seconds) is lower
@@ -139,6 +144,9 @@ class ServerSettings(BaseSettings):
     Frequency), ``gdsf-decay`` (GDSF over recent demand) or ``arrival-cost`` (request
     episodes times reload seconds per MiB, by each model's gap histogram); see
     docs/caching.md."""
+    eviction_period_s: float = Field(default=86_400.0, ge=0)
+    """The daily cycle ``arrival-cost`` looks for in each model's demand (and the hot-model
+    rule with it), acted on once it has repeated; 0: none. See docs/caching.md."""
     demand_half_life_s: float = Field(default=60.0, gt=0)
     """How fast recent demand is forgotten (``gdsf-decay`` and the hot-model rule)."""
     protect_hot: bool = True

@@ -31,6 +31,7 @@ from typing import Protocol
 
 from modelyard.manager.gap_histogram import GapHistograms
 from modelyard.manager.records import ModelKey, ModelRecord
+from modelyard.manager.time_of_day import DAY_S, TimeOfDay
 
 POLICY_NAMES = ("lru", "lfu", "cost", "gdsf-decay", "arrival-cost")
 """The policies a server can be configured with (``belady`` needs the future)."""
@@ -74,6 +75,9 @@ class DemandTracker:
         if half_life_s <= 0:
             raise ValueError("half_life_s must be positive")
         self.half_life_s = half_life_s
+        self.scale: Callable[[Hashable, float], float] | None = None
+        """What :meth:`hot` multiplies demand by unless told otherwise (the policy's
+        time of day: :func:`demand_scale`, set by whoever pairs the two)."""
         self._rate = math.log(2) / half_life_s
         self._demand: dict[Hashable, tuple[float, float]] = {}
 
@@ -90,14 +94,23 @@ class DemandTracker:
         """Drop ``key`` (removed from the repository)."""
         self._demand.pop(key, None)
 
-    def hot(self, now: float, fraction: float = 0.1) -> dict[Hashable, float]:
+    def hot(
+        self,
+        now: float,
+        fraction: float = 0.1,
+        scale: Callable[[Hashable, float], float] | None = None,
+    ) -> dict[Hashable, float]:
         """The top ``fraction`` of models by recent demand (at least one, if any is known),
         with their demand.
 
         Ranked among every model that has had a request; a model whose demand decayed
-        below a thousandth of a request no longer counts as known.
+        below a thousandth of a request no longer counts as known. ``scale(key, now)``,
+        if given (else :attr:`scale`), multiplies each demand first (the time of day's).
         """
-        ranked = [(self.demand(k, now), k) for k in self._demand]
+        scale = scale or self.scale
+        ranked = [
+            (self.demand(k, now) * (scale(k, now) if scale else 1.0), k) for k in self._demand
+        ]
         live = [(d, k) for d, k in ranked if d >= 1e-3]
         if not live:
             return {}
@@ -240,6 +253,9 @@ class ArrivalCostPolicy:
     - ``urgency``: :meth:`GapHistograms.urgency` of the gaps between its episodes, given
       how long it has been idle: above 1 when it is due (a timer near its period),
       below 1 when it has been idle for longer than any gap it ever had.
+    - ``time of day`` (with ``period_s``): :meth:`TimeOfDay.factor`, how much more than
+      its daily average the model is asked for in the coming part of the day, once the
+      traffic's daily cycle has repeated (1 otherwise).
 
     State survives evictions (the rate of a model does not change when it leaves).
     """
@@ -252,8 +268,10 @@ class ArrivalCostPolicy:
         correlated_s: float = CORRELATED_S,
         *,
         prior_gaps: float = 10.0,
+        period_s: float | None = DAY_S,
     ) -> None:
         self.episodes = DemandTracker(half_life_s)
+        self.time_of_day = TimeOfDay(period_s) if period_s else None
         self.gaps = GapHistograms(prior_gaps=prior_gaps)
         self.correlated_s = correlated_s
         self.now = 0.0
@@ -267,7 +285,8 @@ class ArrivalCostPolicy:
         idle = self.now - self._last.get(key, self.now)
         rate = self.episodes.demand(key, self.now)
         cost = self.reload_s(record) / _size_mib(record)
-        return rate * cost * self.gaps.urgency(key, idle)
+        cycle = self.time_of_day.factor(key, self.now) if self.time_of_day else 1.0
+        return rate * cost * self.gaps.urgency(key, idle) * cycle
 
     def reload_s(self, record: ModelRecord) -> float:
         """The fastest of the model's last :data:`LOADS_KEPT` loads (its last one's
@@ -305,6 +324,8 @@ class ArrivalCostPolicy:
                 self.gaps.add(key, gap)
         self._last[key] = now
         self.episodes.observe(key, now, weight)
+        if self.time_of_day is not None:
+            self.time_of_day.observe(key, now, weight)
 
 
 class BeladyPolicy:
@@ -334,8 +355,11 @@ class BeladyPolicy:
         """Belady reads the future, not the past."""
 
 
-def make_policy(name: str, *, half_life_s: float = DEFAULT_HALF_LIFE_S) -> EvictionPolicy:
-    """The policy called ``name`` (one of :data:`POLICY_NAMES`)."""
+def make_policy(
+    name: str, *, half_life_s: float = DEFAULT_HALF_LIFE_S, period_s: float = DAY_S
+) -> EvictionPolicy:
+    """The policy called ``name`` (one of :data:`POLICY_NAMES`); ``period_s`` is the
+    daily cycle ``arrival-cost`` looks for (0: none)."""
     if name == "lru":
         return LruPolicy()
     if name == "lfu":
@@ -345,8 +369,18 @@ def make_policy(name: str, *, half_life_s: float = DEFAULT_HALF_LIFE_S) -> Evict
     if name == "gdsf-decay":
         return DecayedGdsfPolicy(half_life_s)
     if name == "arrival-cost":
-        return ArrivalCostPolicy()
+        return ArrivalCostPolicy(period_s=period_s or None)
     raise ValueError(f"unknown eviction policy {name!r}")
+
+
+def demand_scale(policy: EvictionPolicy) -> Callable[[Hashable, float], float] | None:
+    """What the hot-model rule multiplies recent demand by for ``policy``: its time of
+    day's factor, if it keeps one. At dusk the day's favourites still have the highest
+    decayed demand for minutes; ranked as they are, they would hold up to half the
+    budget the night's models need (the diurnal trace, issue 16)."""
+    if isinstance(policy, ArrivalCostPolicy) and policy.time_of_day is not None:
+        return policy.time_of_day.factor
+    return None
 
 
 def cap_hot(

@@ -24,7 +24,7 @@ from modelyard.manager.anticipation import Anticipation
 from modelyard.manager.budget import MemoryBudget, SharedFile
 from modelyard.manager.devices import DeviceTable, default_budget_bytes
 from modelyard.manager.events import EventLog
-from modelyard.manager.eviction import DemandTracker, EvictionPolicy, make_policy
+from modelyard.manager.eviction import DemandTracker, EvictionPolicy, demand_scale, make_policy
 from modelyard.manager.loader import InstanceFactory, Loader
 from modelyard.manager.placement import Placer
 from modelyard.manager.prefetch import MarkovPredictor, Prefetcher
@@ -74,7 +74,11 @@ class ModelManager:
         self.admission = Admission(
             budget,
             policy
-            or make_policy(settings.eviction_policy, half_life_s=settings.demand_half_life_s),
+            or make_policy(
+                settings.eviction_policy,
+                half_life_s=settings.demand_half_life_s,
+                period_s=settings.eviction_period_s,
+            ),
             self.records,
             lambda victim, reason: self._spawn_evict(victim, reason),
             self.clock,
@@ -84,6 +88,7 @@ class ModelManager:
             demand=self.demand,
             hot_fraction=0.1 if settings.protect_hot else 0.0,
         )
+        self.demand.scale = demand_scale(self.admission.policy)  # the hot rule's time of day
         self.placer = Placer(self.devices, self.admission, self.events)
         self._loader = Loader(
             settings,

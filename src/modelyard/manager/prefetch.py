@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -38,6 +38,9 @@ class Prediction:
     model: str
     probability: float
     observations: int
+    sole: bool = False
+    """The only successor its source has had, and such sole successors have lately
+    proved right (see :meth:`MarkovPredictor.sole_reliable`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,19 +56,42 @@ class PrefetchDecision:
     """False: it cannot be loaded now; only warm its files in the page cache."""
 
 
+SOLE_TRACK = 50
+"""How many recent tests of sole successors :meth:`MarkovPredictor.sole_reliable` weighs."""
+SOLE_MIN_TRIALS = 10
+"""... and how many it needs before it trusts them at all."""
+
+
 class MarkovPredictor:
-    """Counts transitions between consecutively requested models. Pure; no I/O."""
+    """Counts transitions between consecutively requested models. Pure; no I/O.
+
+    It also keeps a track record of *sole successors*: each time a model whose every
+    transition so far went to one successor is requested, whether the request after it
+    was that successor. On a stream of pipelines (A, then B, then C) they almost always
+    are; on independent requests almost never (two requests in a row for a model are
+    followed by the same one with the chance of drawing one model twice). When the
+    record is good, a prediction from a sole successor can be trusted after fewer
+    sightings than ``min_observations`` (:class:`Prefetcher`), which is what a short
+    run of pipelines spends learning.
+    """
 
     def __init__(self, *, max_models: int = 10_000) -> None:
         self._transitions: dict[str, Counter[str]] = defaultdict(Counter)
         self._last: str | None = None
         self._max_models = max_models
+        self._sole_record: deque[bool] = deque(maxlen=SOLE_TRACK)
+        self.sole_threshold = 0.6
+        """How often sole successors must have been right (the prefetcher sets its
+        ``min_probability``)."""
 
     def observe(self, model: str) -> None:
         """Record a request for ``model``."""
         last, self._last = self._last, model
         if last is None or last == model:
             return
+        seen = self._transitions.get(last)
+        if seen is not None and len(seen) == 1:
+            self._sole_record.append(model in seen)
         if last not in self._transitions and len(self._transitions) >= self._max_models:
             return  # bounded memory: stop learning about new sources
         self._transitions[last][model] += 1
@@ -77,7 +103,14 @@ class MarkovPredictor:
             return None
         total = sum(counts.values())
         successor, n = counts.most_common(1)[0]
-        return Prediction(successor, n / total, total)
+        sole = len(counts) == 1 and self.sole_reliable(self.sole_threshold)
+        return Prediction(successor, n / total, total, sole)
+
+    def sole_reliable(self, threshold: float = 0.6) -> bool:
+        """Whether sole successors proved right at least ``threshold`` of the last
+        :data:`SOLE_TRACK` times they were tested (and were tested often enough)."""
+        record = self._sole_record
+        return len(record) >= SOLE_MIN_TRIALS and sum(record) >= threshold * len(record)
 
 
 # Gap bins: 0.05 s to about 4 hours, each a third wider than the last (≈ 45 bins).
@@ -164,6 +197,7 @@ class Prefetcher:
         self._estimate_bytes = estimate_bytes
         self._victims = victims
         self.predictor = predictor or MarkovPredictor()
+        self.predictor.sole_threshold = config.min_probability
         self.histograms = histograms or ArrivalHistograms()
 
     def after(
@@ -193,7 +227,12 @@ class Prefetcher:
         if (
             guess is None
             or guess.probability < cfg.min_probability
-            or guess.observations < cfg.min_observations
+            or guess.observations
+            < (
+                min(cfg.sole_observations, cfg.min_observations)
+                if guess.sole
+                else cfg.min_observations
+            )
         ):
             return None
         try:

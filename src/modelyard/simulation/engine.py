@@ -37,6 +37,7 @@ from modelyard.manager.eviction import (
     DemandTracker,
     EvictionPolicy,
     cap_hot,
+    demand_scale,
     make_policy,
     protect_hot,
     select_victims,
@@ -44,6 +45,7 @@ from modelyard.manager.eviction import (
 from modelyard.manager.prefetch import Prefetcher
 from modelyard.manager.records import ModelKey, ModelRecord
 from modelyard.manager.states import ModelState
+from modelyard.manager.time_of_day import DAY_S
 from modelyard.simulation.traces import ModelSpec, Trace
 
 VERSION = "1"
@@ -132,6 +134,7 @@ class _Cache:
         self.hot_fraction = hot_fraction
         self.service_s = service_s
         self.demand = DemandTracker(half_life_s)
+        self.demand.scale = demand_scale(policy)
         self.records: dict[str, ModelRecord] = {}
         for name, spec in self.specs.items():
             r = ModelRecord(
@@ -281,12 +284,14 @@ def simulate(
     service_s: float = 0.01,
     pinned: frozenset[str] = frozenset(),
     load_slots: int = 2,
+    period_s: float = DAY_S,
 ) -> SimResult:
     """Replay ``trace`` with ``policy`` (a name, ``belady``, or a policy object).
 
     ``hot_fraction`` is admission's hot-model rule (0 turns it off); ``prefetch`` turns
     the predictor on with that configuration. ``load_slots`` loads run at once (the
-    host's cores; 0: unbounded), the others queue for a slot.
+    host's cores; 0: unbounded), the others queue for a slot. ``period_s``: the daily
+    cycle a named ``arrival-cost`` looks for (a synthetic trace's day may be shorter).
     """
     requests = trace.requests
     nexts: dict[str, deque[float]] = {}
@@ -301,7 +306,7 @@ def simulate(
         chosen: EvictionPolicy = (
             BeladyPolicy(next_use)
             if policy == "belady"
-            else make_policy(policy, half_life_s=half_life_s)
+            else make_policy(policy, half_life_s=half_life_s, period_s=period_s)
         )
     else:
         chosen = policy

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -276,3 +277,88 @@ def test_a_victim_asked_for_only_after_the_caches_turnover_costs_nothing() -> No
     assert decision is not None
     assert decision.load
     assert decision.victims == [victim]
+
+
+# ---------------------------------------------------------------- learning from sole successors
+
+
+def _pipelines(rounds: int, n: int = 6) -> list[str]:
+    """``rounds`` passes over ``n`` pipelines a_i -> b_i -> c_i, in order."""
+    return [f"{s}{i}" for _ in range(rounds) for i in range(n) for s in "abc"]
+
+
+def _free_prefetcher(config: PrefetchConfig) -> Prefetcher:
+    """Room for anything: every model resolves to a fresh unloaded record of 10 bytes."""
+    records: dict[str, ModelRecord] = {}
+
+    def resolve(name: str) -> ModelRecord:
+        return records.setdefault(name, _record(name, reload_s=1.0))
+
+    return Prefetcher(config, resolve, lambda r: 1000, lambda r: 10)
+
+
+def test_a_sole_successor_is_trusted_after_two_sightings_on_a_stream_of_pipelines() -> None:
+    p = MarkovPredictor()
+    for m in _pipelines(1):
+        p.observe(m)
+    first = p.predict("a0")
+    assert first is not None
+    assert (first.model, first.observations, first.sole) == ("b0", 1, False)  # no record yet
+    for m in _pipelines(1):
+        p.observe(m)
+    # The second pass tested 17 sole successors (every transition but c5 -> a0's first):
+    # all were right.
+    assert p.sole_reliable()
+    second = p.predict("a0")
+    assert second is not None
+    assert (second.model, second.probability, second.observations, second.sole) == (
+        "b0",
+        1.0,
+        2,
+        True,
+    )
+    # So a prefetcher acts on it at the second sighting, not the tenth.
+    prefetcher = _free_prefetcher(PrefetchConfig(min_observations=10, sole_observations=2))
+    fired = [(m, d.target.key.name) for m in _pipelines(2) if (d := prefetcher.after(m))]
+    assert fired == []  # the record is built during the second pass
+    decision = prefetcher.after("a0")
+    assert decision is not None
+    assert decision.target.key.name == "b0"
+    assert decision.load
+
+
+def test_sole_successors_are_not_trusted_on_independent_requests() -> None:
+    rng = random.Random(0)
+    names = [f"m{i}" for i in range(20)]
+    weights = [1 / (i + 1) ** 1.1 for i in range(20)]
+    stream = rng.choices(names, weights, k=2000)
+    fired = []
+    for sole in (1, 10):  # the rule at its most eager, and off
+        prefetcher = _free_prefetcher(PrefetchConfig(min_observations=10, sole_observations=sole))
+        fired.append([(i, d.guess) for i, m in enumerate(stream) if (d := prefetcher.after(m))])
+        assert not prefetcher.predictor.sole_reliable()
+    # One prediction qualifies by itself (0.6 of 10 sightings); the rule adds none.
+    assert len(fired[0]) == 1
+    assert fired[0] == fired[1]
+
+
+def test_sole_reliable_needs_enough_trials_and_the_threshold_of_them_right() -> None:
+    p = MarkovPredictor()
+    for m in "ab" * 6:  # from the third request on, each tests a sole successor: 9 right
+        p.observe(m)
+    assert not p.sole_reliable(0.8)  # right every time, but fewer than 10 trials
+    steps = [
+        ("a", True),  # b -> a: 10 of 10 right
+        ("c", True),  # a's sole successor was b: 10 of 11
+        ("b", True),  # c had no successor yet: no trial
+        ("c", True),  # b's sole successor was a: 10 of 12 = 0.83
+        ("d", False),  # c's sole successor was b: 10 of 13 = 0.77 < 0.8
+    ]
+    for model, reliable in steps:
+        p.observe(model)
+        assert p.sole_reliable(0.8) is reliable, model
+    assert p.sole_reliable(0.75)
+    # A prefetcher holds its chain to its own min_probability.
+    config = PrefetchConfig(min_probability=0.75)
+    prefetcher = Prefetcher(config, lambda n: _record(n, 1.0), lambda r: 0, lambda r: 0, p)
+    assert prefetcher.predictor.sole_threshold == 0.75

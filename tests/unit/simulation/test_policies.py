@@ -21,6 +21,7 @@ from modelyard.manager.eviction import (
     LfuPolicy,
     LruPolicy,
     cap_hot,
+    demand_scale,
     make_policy,
     select_victims,
 )
@@ -138,6 +139,52 @@ def test_arrival_cost_does_not_keep_a_burst_over_a_steady_model() -> None:
     assert _sim(trace, "arrival-cost", 2 * SIZE).loads_by_model["s"] == 1
     for other in ("lfu", "gdsf-decay"):
         assert _sim(trace, other, 2 * SIZE).loads_by_model["s"] == 2, other
+
+
+def _day_and_night() -> Trace:
+    """A 100-s day: d asked for in its first half (days 0-2), n in its second (days 0-1);
+    at t = 250 (night) x needs room for one of them, and n is asked for at 256."""
+    models = {n: ModelSpec(n, SIZE, 0.1) for n in ("d", "n", "x")}
+    reqs = [Request(day * 100 + b * 10 + 5.0, "d") for day in range(3) for b in range(5)]
+    reqs += [Request(day * 100 + b * 10 + 55.0, "n") for day in range(2) for b in range(4)]
+    reqs += [Request(250.0, "x"), Request(256.0, "n")]
+    return Trace("day", sorted(reqs, key=lambda r: r.t), models)
+
+
+def test_arrival_cost_evicts_the_model_whose_day_is_over() -> None:
+    # Without the cycle, d (15 episodes, idle 5 s) outranks n (8, idle 65 s) and n is
+    # evicted, to be reloaded 6 s later; with it, d is known to sleep until morning.
+    trace = _day_and_night()
+    runs = [
+        simulate(
+            trace,
+            "arrival-cost",
+            2 * SIZE,
+            hot_fraction=0.0,
+            service_s=0.0,
+            load_slots=0,
+            period_s=period,
+        )
+        for period in (100.0, 0.0)
+    ]
+    daily, flat = runs
+    assert daily.loads_by_model["n"] == 1
+    assert flat.loads_by_model["n"] == 2
+
+
+def test_the_hot_rule_ranks_demand_by_the_time_of_day() -> None:
+    d = DemandTracker(half_life_s=60.0)
+    for i in range(20):
+        for _ in range(i + 1):
+            d.observe(f"m{i}", 0.0)
+    # m19 has the most recent demand but its day is over: m18 and m17 are hot now.
+    assert set(d.hot(0.0, scale=lambda k, now: 0.1 if k == "m19" else 1.0)) == {"m18", "m17"}
+    d.scale = lambda k, now: 0.1 if k == "m18" else 1.0  # what the manager pairs it with
+    assert set(d.hot(0.0)) == {"m19", "m17"}
+    policy = ArrivalCostPolicy(period_s=100.0)
+    assert demand_scale(policy) == policy.time_of_day.factor  # type: ignore[union-attr]
+    assert demand_scale(ArrivalCostPolicy(period_s=None)) is None
+    assert demand_scale(LruPolicy()) is None
 
 
 # ---------------------------------------------------------------- rules every policy keeps

@@ -1,0 +1,135 @@
+"""Per-model request episodes by time of day, and how much more (or less) a model is
+asked for in the coming window than on average over the day.
+
+Used by the ``arrival-cost`` eviction policy and, through it, by the hot-model rule
+(:mod:`modelyard.manager.eviction`). A model used only by day has the same decayed rate
+at dusk as at noon; its gap histogram learns that it sleeps only once it has been idle
+for a while, and meanwhile it holds memory the night's models need (issue 16: on the
+diurnal trace, the policy's largest loss against Belady's MIN). Counting each model's
+episodes in bins of the day tells that the night has come the moment it does. Pure; no
+I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+
+DAY_S = 86_400.0
+
+
+class TimeOfDay:
+    """Episodes per model in ``bins`` equal bins of a ``period_s`` cycle.
+
+    ``factor(key, now)`` is the share of ``key``'s episodes that fell in the window
+    from now's bin to ``ahead`` bins later, divided by the window's share of the day:
+    1 for a model asked for evenly round the clock, about 2 for one asked for only in
+    the half of the day that is now, near 0 for one that sleeps now. It is 1 until a
+    whole period has been seen (nothing is known of the rest of the day before), and
+    shrunk toward 1 as if ``prior`` more episodes had been spread evenly.
+
+    Any steady clock will do (the manager's is monotonic): the bins need not start at
+    midnight, only the period must be the traffic's.
+    """
+
+    def __init__(
+        self,
+        period_s: float = DAY_S,
+        *,
+        bins: int = 10,
+        ahead: int = 1,
+        prior: float = 1.0,
+        max_models: int = 10_000,
+    ) -> None:
+        if period_s <= 0 or bins < 1 or not 0 <= ahead < bins or prior < 0:
+            raise ValueError("need period_s > 0, bins >= 1, 0 <= ahead < bins, prior >= 0")
+        self.period_s = period_s
+        self.bins = bins
+        self.ahead = ahead
+        self.prior = prior
+        self._max_models = max_models
+        self._start: float | None = None
+        self._counts: dict[Hashable, list[float]] = {}
+        self._weight = (-1.0, 0.0)
+        """(as of, value) of :meth:`weight`, recomputed once per tenth of a bin."""
+
+    def _bin(self, now: float) -> int:
+        return min(self.bins - 1, int(now % self.period_s / self.period_s * self.bins))
+
+    def observe(self, key: Hashable, now: float, weight: float = 1.0) -> None:
+        """Count an episode (or ``weight`` of one) of ``key`` at ``now``."""
+        if self._start is None:
+            self._start = now
+        counts = self._counts.get(key)
+        if counts is None:
+            if len(self._counts) >= self._max_models:
+                return  # bounded memory: new models are then asked for evenly
+            counts = self._counts[key] = [0.0] * (2 * self.bins)
+        # Even periods in the first half, odd ones in the second (see :meth:`weight`).
+        counts[self._bin(now) + self.bins * (int(now // self.period_s) % 2)] += weight
+
+    def factor(self, key: Hashable, now: float) -> float:
+        """How many times its daily average ``key`` is asked for from now to the end of
+        the window (1: no knowledge yet, or asked for evenly)."""
+        counts = self._counts.get(key)
+        if counts is None or self._start is None or now - self._start < self.period_s:
+            return 1.0
+        weight = self.weight(now)
+        if weight <= 0:
+            return 1.0
+        first = self._bin(now)
+        window = [(first + i) % self.bins for i in range(self.ahead + 1)]
+        share = len(window) / self.bins
+        inside = sum(counts[i] + counts[i + self.bins] for i in window) + self.prior * share
+        return 1.0 + weight * (inside / (sum(counts) + self.prior) / share - 1.0)
+
+    def weight(self, now: float) -> float:
+        """How much the cycle is to be believed, 0 to 1: how well the time-of-day
+        profiles of even periods (days) agree with those of odd ones, as a correlation
+        pooled over every model, over the bins both have seen (0 before three such bins).
+
+        Bins that differ by chance, or by bursts that fall at no particular time of day,
+        differ differently from one day to the next; a daily cycle repeats. Without
+        this, chance steers evictions on traffic that has no cycle at all.
+        """
+        asof, value = self._weight
+        if 0 <= now - asof < self.period_s / self.bins / 10:
+            return value
+        value = 0.0
+        if self._start is not None and now - self._start >= self.period_s:
+            # Only bins both kinds of day have seen whole (the second may be under way).
+            shared = [
+                b for b in range(self.bins) if self._seen(b, 0, now) and self._seen(b, 1, now)
+            ]
+            products = even_squares = odd_squares = 0.0
+            for counts in self._counts.values() if len(shared) > 2 else ():
+                even = [counts[b] for b in shared]
+                odd = [counts[b + self.bins] for b in shared]
+                mean_even, mean_odd = sum(even) / len(shared), sum(odd) / len(shared)
+                for e, o in zip(even, odd, strict=True):
+                    products += (e - mean_even) * (o - mean_odd)
+                    even_squares += (e - mean_even) ** 2
+                    odd_squares += (o - mean_odd) ** 2
+            if even_squares > 0 and odd_squares > 0:
+                value = max(0.0, products / math.sqrt(even_squares * odd_squares))
+        self._weight = (now, value)
+        return value
+
+    def _seen(self, b: int, parity: int, now: float) -> bool:
+        """Whether bin ``b`` of some day of ``parity`` (0: even) lay wholly between the
+        first observation and ``now``."""
+        assert self._start is not None
+        if now - self._start >= 3 * self.period_s:
+            return True  # a whole day of each kind lies in between
+        width = self.period_s / self.bins
+        day = int(self._start // self.period_s)
+        while day * self.period_s <= now:
+            begins = day * self.period_s + b * width
+            if day % 2 == parity and begins >= self._start and begins + width <= now:
+                return True
+            day += 1
+        return False
+
+    def forget(self, key: Hashable) -> None:
+        """Drop ``key``'s counts."""
+        self._counts.pop(key, None)

@@ -1,0 +1,63 @@
+"""Demand by time of day: the factor a daily cycle gives each model, with known answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from modelyard.manager.time_of_day import TimeOfDay
+
+# A 100-s "day" of ten 10-s bins; the window is now's bin and the next (a fifth).
+
+
+def _day_model(days: int) -> TimeOfDay:
+    """``day`` asked for once in each of bins 0-4 (t = 5, 15, ..., 45) of each day."""
+    tod = TimeOfDay(100.0, bins=10, ahead=1, prior=1.0)
+    for d in range(days):
+        for b in range(5):
+            tod.observe("day", d * 100.0 + b * 10.0 + 5.0)
+    return tod
+
+
+def test_a_model_used_by_day_is_worth_more_by_day_and_little_at_night() -> None:
+    tod = _day_model(2)  # 10 episodes, 2 in each of bins 0-4; first seen at t = 5
+    # Two whole days seen by t = 205; the days agree, so the cycle is fully believed.
+    assert tod.weight(205.0) == pytest.approx(1.0)
+    # Morning (bins 0 and 1): (4 + 1 * 0.2) / (10 + 1) / 0.2.
+    assert tod.factor("day", 205.0) == pytest.approx(4.2 / 11 / 0.2)
+    # Night (bins 5 and 6): only the prior's share is left.
+    assert tod.factor("day", 255.0) == pytest.approx(0.2 / 11 / 0.2)
+    # Dusk (bins 4 and 5): one bin of day in the window.
+    assert tod.factor("day", 245.0) == pytest.approx(2.2 / 11 / 0.2)
+
+
+def test_nothing_is_known_before_the_cycle_has_repeated() -> None:
+    tod = _day_model(2)
+    assert tod.factor("day", 100.0) == 1.0  # one day seen: the weight needs two
+    assert tod.weight(150.0) == 0.0
+    assert tod.factor("unknown", 255.0) == 1.0
+
+
+def test_days_that_disagree_are_not_a_cycle() -> None:
+    # Asked for in the morning on even days and in the evening on odd ones: the bins
+    # differ, but not the same way every day, so no factor is applied.
+    tod = TimeOfDay(100.0, bins=10, ahead=1)
+    for d in range(4):
+        first = 0 if d % 2 == 0 else 5
+        for b in range(first, first + 5):
+            tod.observe("m", d * 100.0 + b * 10.0 + 5.0)
+    assert tod.weight(405.0) == 0.0
+    assert tod.factor("m", 405.0) == 1.0
+    assert tod.factor("m", 455.0) == 1.0
+
+
+def test_memory_is_bounded_and_bad_settings_are_refused() -> None:
+    tod = TimeOfDay(100.0, max_models=1)
+    tod.observe("a", 0.0)
+    tod.observe("b", 0.0)
+    assert tod.factor("b", 500.0) == 1.0
+    tod.forget("a")
+    for bins, ahead, prior in ((0, 0, 1.0), (10, 10, 1.0), (10, 1, -1.0)):
+        with pytest.raises(ValueError, match="bins"):
+            TimeOfDay(100.0, bins=bins, ahead=ahead, prior=prior)
+    with pytest.raises(ValueError, match="period_s"):
+        TimeOfDay(0.0)
