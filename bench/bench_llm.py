@@ -551,7 +551,22 @@ def _mix_summary(outcomes: Sequence[Outcome], switched: Sequence[bool]) -> dict[
         "switch_s_median": statistics.median(extra) if extra else 0.0,
         "ttft_p50_ms": statistics.median(ttfts),
         "ttft_p99_ms": percentile(ttfts, 99),
+        # Each request in order: what p99 is made of (a switch, or a warm request beside
+        # something else the server does).
+        "requests": [
+            {"model": o.model, "ttft_ms": o.ttft_s * 1000, "switch": s}
+            for o, s in zip(outcomes, switched, strict=True)
+        ],
     }
+
+
+def slowest(summary: dict[str, Any], n: int = 4) -> str:
+    """The ``n`` slowest requests of a mix: position, model, TTFT, whether it switched."""
+    rows = sorted(enumerate(summary["requests"]), key=lambda r: -float(r[1]["ttft_ms"]))[:n]
+    return ", ".join(
+        f"#{i} {r['model']} {r['ttft_ms']:.0f} ms{' (switch)' if r['switch'] else ''}"
+        for i, r in rows
+    )
 
 
 # ---------------------------------------------------------------------------- report
@@ -604,6 +619,8 @@ def report_b(b: dict[str, Any]) -> str:
                 f"({bare_ms:.1f} ms); TTFT p50 {ours['ttft_p50_ms']:.1f} ms, p99 "
                 f"{ours['ttft_p99_ms']:.1f} ms; last loads from a spare: "
                 f"{b.get('modelyard_from_spare')}",
+                f"slowest: {slowest(ours)}",
+                *([f"slowest, baseline sources: {slowest(b['base'])}"] if "base" in b else []),
             ]
         )
     peer = b["llama_cpp.server"]
@@ -641,7 +658,11 @@ def report_b(b: dict[str, Any]) -> str:
         f"{ours['switch_s_median'] * 1000 / bare_ms:.2f}x, peer "
         f"{peer['switch_s_median'] * 1000 / bare_ms:.2f}x",
         f"budget {b['budget_mb']:.0f} MiB for models reserving {b['reserved_mb']:.0f} MiB each",
+        f"slowest, modelyard: {slowest(ours)}",
+        f"slowest, peer: {slowest(peer)}",
     ]
+    if "base" in b:
+        lines.append(f"slowest, baseline sources: {slowest(b['base'])}")
     return "\n".join(lines)
 
 
