@@ -376,7 +376,9 @@ class ProcessInstance(WorkerLink):
             raise self._not_serving() from None
 
     async def measure_footprint(self) -> InstanceInfo:
-        """The start's info with the footprint measured now (a start that deferred it)."""
+        """The start's info with the footprint measured (a start that deferred it), once
+        the model's first request has had its first answer (``answers.py``)."""
+        await self._after_first_answers()
         info, spec = self._info, self._spec
         if info is None or spec is None or not self._ready:
             raise self._not_serving()
