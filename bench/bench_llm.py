@@ -27,7 +27,9 @@ decoding and the same prompt, through the same streaming client (``/v1/completio
     load of the file (``Llama(model_path=…)`` in a fresh process, page cache warm).
     ``--baseline-src DIR`` runs the same mix on a second modelyard server whose sources
     are in ``DIR`` (a worktree of an older commit), in the same run (``--base-first``
-    swaps the order).
+    swaps the order). Both systems start as the peer does, with the first listed model
+    loaded (``llama_cpp.server`` loads it as it starts; modelyard is sent a load before the
+    mix); ``--cold-first`` starts modelyard empty, its first request a load.
 
 Rounds interleave the systems (order rotated) so machine noise hits them alike; medians.
 """
@@ -484,6 +486,10 @@ def part_b(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
     for label, env in systems:
         log = root / f"b-{label}.log"
         with _server.Server(cfg, log, env=env) as server:
+            if not args.cold_first:
+                # As the peer starts: its first listed model loaded (spares made meanwhile).
+                server.post(f"/v2/repository/models/{names[0]}/load")
+                time.sleep(1.0)
             out.update(_modelyard_mix(server, label, names, mix, args.max_tokens_b))
         out[f"{label}_loads_ms"] = loads_in_log(log)
         if args.keep_logs:
@@ -493,9 +499,10 @@ def part_b(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
         return out
     with Peer(files, root, peer_python, args.peer_path) as peer:
         outcomes = asyncio.run(run_mix(peer.url, mix, args.max_tokens_b, PEER_EXTRA))
-        # The peer holds one model: every change of model is a swap (the first request
-        # loads too, as on modelyard where nothing is preloaded).
-        switched = [i == 0 or mix[i] != mix[i - 1] for i in range(len(mix))]
+        # The peer holds one model: every change of model is a swap. It loads its first
+        # listed model as it starts (as modelyard is made to, unless --cold-first).
+        first = names[0] if not args.cold_first else None
+        switched = [m != (mix[i - 1] if i else first) for i, m in enumerate(mix)]
         out["llama_cpp.server"] = _mix_summary(outcomes, switched)
     out["bare_load_s"] = bare_load_s(files["llm-1"], args.load_repeats)
     return out
@@ -714,6 +721,12 @@ def main() -> None:
     )
     parser.add_argument("--keep-logs", default=None, help="(b) copy the servers' logs here")
     parser.add_argument("--base-first", action="store_true", help="(b) the baseline's mix first")
+    parser.add_argument(
+        "--cold-first",
+        action="store_true",
+        help="(b) modelyard starts with no model loaded (the peer loads its first model as it "
+        "starts; without this flag modelyard is made to load it too, before the mix)",
+    )
     args = parser.parse_args()
     globals()["THREADS"] = args.threads
     if args.quick:

@@ -54,15 +54,14 @@ _REFILL_DELAY_S: Final = 0.1
 group in a thread); at once it ran beside the load's answer and that model's first
 request, and on a 2-core VM it held the identity model's switch ~6 ms past the server's
 own total."""
-_WARM_DELAY_S: Final = 0.25
-"""A new spare is sent its :class:`Warm` at least this long after it is ready. A refill
-starts as the claiming load ends, while that model's first request runs; a llama.cpp
-warm-up (~30 ms of CPU) beside it doubled that request's time to first token on a busy
-2-core VM (32 -> 66 ms, BENCHMARKS.md §18). A spare claimed before then loads cold."""
 _QUIET_WAIT_S: Final = 2.0
-"""After its delay, a refill or a Warm also waits until no call to a worker waits for its
-first answer (``answers.py``: a generative model's first token can come 100+ ms after
-its load), but no longer than this."""
+"""A refill (after its delay) and a new spare's :class:`Warm` wait until no call to a
+worker waits for its first answer (``answers.py``), but no longer than this. A llama.cpp
+warm-up (~30 ms of CPU) beside a model's first request doubled its time to first token
+on a busy 2-core VM (32 -> 66 ms, BENCHMARKS.md §18), and that request's first token can
+come 100+ ms after its load. The Warm goes as soon as that allows: sent 0.25 s after the
+spare was ready, it often ran as the next request arrived and claimed that spare, whose
+Load then waited for the warm-up. A spare claimed before its Warm loads cold."""
 
 
 @dataclass(slots=True, eq=False)  # one spare is itself only (pool membership by identity)
@@ -204,7 +203,6 @@ class SparePool:
                 self._own(self._warms, self._warm_later(spare))
 
     async def _warm_later(self, spare: Spare) -> None:
-        await asyncio.sleep(_WARM_DELAY_S)
         await self._answers.quiet(_QUIET_WAIT_S)
         self._send_warm(spare)
 

@@ -58,7 +58,7 @@ async def _one_spare(factory: WorkerFactory) -> int:
 
 
 async def _warm_sent(factory: WorkerFactory, pid: int) -> None:
-    # The Warm goes out a moment after the spare is ready (spares.py: _WARM_DELAY_S).
+    # The Warm goes out once no call waits for a first answer (spares.py: _QUIET_WAIT_S).
     await wait_until(lambda: factory.warm_spare_pids == [pid], READY_S, what="its Warm sent")
 
 
