@@ -29,7 +29,9 @@ decoding and the same prompt, through the same streaming client (``/v1/completio
     are in ``DIR`` (a worktree of an older commit), in the same run (``--base-first``
     swaps the order). Both systems start as the peer does, with the first listed model
     loaded (``llama_cpp.server`` loads it as it starts; modelyard is sent a load before the
-    mix); ``--cold-first`` starts modelyard empty, its first request a load.
+    mix); ``--cold-first`` starts modelyard empty, its first request a load. ``--cycle``
+    asks the three in turn instead, so that every request meets a switch (one switch's
+    cost as the median of many, on a noisy machine).
 
 Rounds interleave the systems (order rotated) so machine noise hits them alike; medians.
 """
@@ -472,6 +474,8 @@ def part_b(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
         doc["spare_workers"] = args.spare_workers
         cfg.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     mix = zipf_mix(names, args.mix_requests, args.zipf, seed=7)
+    if args.cycle:  # every request a switch: one switch's cost as a median of many
+        mix = [names[i % len(names)] for i in range(args.mix_requests)]
     global TOKENIZER
     if TOKENIZER is None:
         import llama_cpp
@@ -721,6 +725,12 @@ def main() -> None:
     )
     parser.add_argument("--keep-logs", default=None, help="(b) copy the servers' logs here")
     parser.add_argument("--base-first", action="store_true", help="(b) the baseline's mix first")
+    parser.add_argument(
+        "--cycle",
+        action="store_true",
+        help="(b) the models in turn instead of the Zipf mix (with a budget of two of three, "
+        "every request meets a switch)",
+    )
     parser.add_argument(
         "--cold-first",
         action="store_true",
