@@ -118,7 +118,6 @@ class GenerationStreams:
             )
             while True:
                 item = await queue.get()
-                pending.end()
                 if isinstance(item, ServerError):
                     finished = True
                     raise item
@@ -130,6 +129,9 @@ class GenerationStreams:
                     prompt_tokens=item.prompt_tokens,
                     completion_tokens=item.completion_tokens,
                 )
+                # The consumer is back for more: it has passed the first chunk on (work
+                # waiting for the gate would otherwise hold the loop as it writes it).
+                pending.end()
                 if finished:
                     return
         finally:

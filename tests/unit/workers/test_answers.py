@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+import pytest
+
+from modelyard.errors import WorkerCrashedError
 from modelyard.protocol.generate import GenerateRequest, SamplingParams
 from modelyard.workers.answers import AnswerGate
 from modelyard.workers.messages import Chunk, Generate, Message
@@ -54,9 +57,10 @@ async def test_a_workers_calls_count_in_the_factorys_gate_too() -> None:
     assert await factory.quiet(0.01)
 
 
-async def test_a_generation_stream_waits_until_its_first_chunk() -> None:
-    """A stream counts from its Generate until its first chunk, not until its end (work
-    that waits for the gate may run while the rest is decoded)."""
+async def test_a_generation_stream_waits_until_its_first_chunk_is_passed_on() -> None:
+    """A stream counts from its Generate until its consumer has taken its first chunk and
+    comes back for more (it has passed it on), not until its end: work that waits for
+    the gate may run while the rest is decoded."""
     gate = AnswerGate()
     sent: list[Message] = []
     seqs = itertools.count(1)
@@ -68,7 +72,7 @@ async def test_a_generation_stream_waits_until_its_first_chunk() -> None:
     assert gate.waiting == 1
     assert streams.owns(Chunk(sent[0].job.seq, "a", (1,), None, 1, 1))
     assert (await first).text == "a"
-    assert gate.waiting == 0
+    assert gate.waiting == 1, "ended before the first chunk was passed on"
     assert streams.owns(Chunk(sent[0].job.seq, "b", (2,), "stop", 1, 2))
     assert [c.text async for c in chunks] == ["b"]
     assert gate.waiting == 0
@@ -84,4 +88,16 @@ async def test_an_abandoned_stream_stops_waiting() -> None:
     first.cancel()
     await asyncio.gather(first, return_exceptions=True)
     await chunks.aclose()
+    assert gate.waiting == 0
+
+
+async def test_a_stream_that_fails_before_its_first_chunk_stops_waiting() -> None:
+    gate = AnswerGate()
+    streams = GenerationStreams(lambda _: None, lambda: 1, gate)
+    chunks = streams.generate(REQUEST)
+    first = asyncio.ensure_future(anext(chunks))
+    await asyncio.sleep(0.01)
+    streams.fail_all(WorkerCrashedError("worker 1 of model 'm' was killed"))
+    with pytest.raises(WorkerCrashedError):
+        await first
     assert gate.waiting == 0
