@@ -129,8 +129,9 @@ class GenerationStreams:
                     prompt_tokens=item.prompt_tokens,
                     completion_tokens=item.completion_tokens,
                 )
-                # The consumer is back for more: it has passed the first chunk on (work
-                # waiting for the gate would otherwise hold the loop as it writes it).
+                # The consumer is back for more, so it has handled the first chunk (as far
+                # as its own consumers go before asking again): work waiting for the gate
+                # then does not start while the first chunk is still on its way out.
                 pending.end()
                 if finished:
                     return
