@@ -456,8 +456,9 @@ def part_b(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
         name: write_llama_gguf(root / name / "1" / "model.gguf", SHAPES[args.shape_b], seed=i)
         for i, name in enumerate(names, start=11)
     }
-    # Written back now, not while the first server's mix runs (180 MB of dirty pages
-    # made whichever system ran first slower: an order effect in session 7's runs).
+    # Written back now, not while the first server's mix runs (a suspect for the order
+    # effect of session 7's runs, BENCHMARKS.md §18; it was not the cause, but costs
+    # nothing and keeps the write-back out of every run).
     os.sync()
     # The reservation of one model, measured by modelyard itself, sizes the budget.
     probe_cfg = _server.write_config(
