@@ -103,9 +103,10 @@ async def test_a_deferred_start_serves_first_and_measures_after(
 
 
 async def test_a_deferred_footprint_is_read_after_the_first_answer(factory: WorkerFactory) -> None:
-    """The footprint read (a walk of every mapping, 10-45 ms of CPU) waits until the first
-    request sent right after the start has had its answer, so that it does not run beside
-    it (a generative model's first token); then it measures as before."""
+    """Asked to (a request waited for the load), the footprint read (a walk of every
+    mapping, 10-45 ms of CPU) waits until the first request sent right after the start
+    has had its answer, so that it does not run beside it (a generative model's first
+    token); then it measures as before."""
     instance = ProcessInstance(factory)
     await instance.start(StartRequest(fault_spec("FaultyModel"), defer_footprint=True))
     try:
@@ -117,7 +118,7 @@ async def test_a_deferred_footprint_is_read_after_the_first_answer(factory: Work
             done.append("answer")
 
         async def measure() -> None:
-            await instance.measure_footprint()
+            await instance.measure_footprint(after_first_answer=True)
             done.append("footprint")
 
         await asyncio.gather(measure(), first_request())
