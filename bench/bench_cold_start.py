@@ -114,9 +114,9 @@ SPARE_WAIT_S = 10.0
 
 
 SPARE_SETTLE_S = 0.35
-"""A new spare gets its ``Warm`` 0.25 s after it is ready (``workers/spares.py``): a
-switch measured with a spare waits this long after one appears, as a spare that has
-idled for a while would have."""
+"""A new spare gets its ``Warm`` once no request waits for a first answer (0.25 s after
+it was ready until session 7; ``workers/spares.py``): a switch measured with a spare
+waits this long after one appears, as a spare that has idled for a while would have."""
 
 
 def wait_for_spare(server: _server.Server) -> None:

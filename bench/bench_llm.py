@@ -27,7 +27,11 @@ decoding and the same prompt, through the same streaming client (``/v1/completio
     load of the file (``Llama(model_path=…)`` in a fresh process, page cache warm).
     ``--baseline-src DIR`` runs the same mix on a second modelyard server whose sources
     are in ``DIR`` (a worktree of an older commit), in the same run (``--base-first``
-    swaps the order).
+    swaps the order). Both systems start as the peer does, with the first listed model
+    loaded (``llama_cpp.server`` loads it as it starts; modelyard is sent a load before the
+    mix); ``--cold-first`` starts modelyard empty, its first request a load. ``--cycle``
+    asks the three in turn instead, so that every request meets a switch (one switch's
+    cost as the median of many, on a noisy machine).
 
 Rounds interleave the systems (order rotated) so machine noise hits them alike; medians.
 """
@@ -452,6 +456,10 @@ def part_b(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
         name: write_llama_gguf(root / name / "1" / "model.gguf", SHAPES[args.shape_b], seed=i)
         for i, name in enumerate(names, start=11)
     }
+    # Written back now, not while the first server's mix runs (a suspect for the order
+    # effect of session 7's runs, BENCHMARKS.md §18; it was not the cause, but costs
+    # nothing and keeps the write-back out of every run).
+    os.sync()
     # The reservation of one model, measured by modelyard itself, sizes the budget.
     probe_cfg = _server.write_config(
         root, modelyard_models(files, root, 1), name="probe.yaml", budget_mb=4096
@@ -470,6 +478,8 @@ def part_b(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
         doc["spare_workers"] = args.spare_workers
         cfg.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     mix = zipf_mix(names, args.mix_requests, args.zipf, seed=7)
+    if args.cycle:  # every request a switch: one switch's cost as a median of many
+        mix = [names[i % len(names)] for i in range(args.mix_requests)]
     global TOKENIZER
     if TOKENIZER is None:
         import llama_cpp
@@ -484,6 +494,10 @@ def part_b(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
     for label, env in systems:
         log = root / f"b-{label}.log"
         with _server.Server(cfg, log, env=env) as server:
+            if not args.cold_first:
+                # As the peer starts: its first listed model loaded (spares made meanwhile).
+                server.post(f"/v2/repository/models/{names[0]}/load")
+                time.sleep(1.0)
             out.update(_modelyard_mix(server, label, names, mix, args.max_tokens_b))
         out[f"{label}_loads_ms"] = loads_in_log(log)
         if args.keep_logs:
@@ -493,9 +507,10 @@ def part_b(args: Any, root: Path, peer_python: str) -> dict[str, Any]:
         return out
     with Peer(files, root, peer_python, args.peer_path) as peer:
         outcomes = asyncio.run(run_mix(peer.url, mix, args.max_tokens_b, PEER_EXTRA))
-        # The peer holds one model: every change of model is a swap (the first request
-        # loads too, as on modelyard where nothing is preloaded).
-        switched = [i == 0 or mix[i] != mix[i - 1] for i in range(len(mix))]
+        # The peer holds one model: every change of model is a swap. It loads its first
+        # listed model as it starts (as modelyard is made to, unless --cold-first).
+        first = names[0] if not args.cold_first else None
+        switched = [m != (mix[i - 1] if i else first) for i, m in enumerate(mix)]
         out["llama_cpp.server"] = _mix_summary(outcomes, switched)
     out["bare_load_s"] = bare_load_s(files["llm-1"], args.load_repeats)
     return out
@@ -551,7 +566,22 @@ def _mix_summary(outcomes: Sequence[Outcome], switched: Sequence[bool]) -> dict[
         "switch_s_median": statistics.median(extra) if extra else 0.0,
         "ttft_p50_ms": statistics.median(ttfts),
         "ttft_p99_ms": percentile(ttfts, 99),
+        # Each request in order: what p99 is made of (a switch, or a warm request beside
+        # something else the server does).
+        "requests": [
+            {"model": o.model, "ttft_ms": o.ttft_s * 1000, "switch": s}
+            for o, s in zip(outcomes, switched, strict=True)
+        ],
     }
+
+
+def slowest(summary: dict[str, Any], n: int = 4) -> str:
+    """The ``n`` slowest requests of a mix: position, model, TTFT, whether it switched."""
+    rows = sorted(enumerate(summary["requests"]), key=lambda r: -float(r[1]["ttft_ms"]))[:n]
+    return ", ".join(
+        f"#{i} {r['model']} {r['ttft_ms']:.0f} ms{' (switch)' if r['switch'] else ''}"
+        for i, r in rows
+    )
 
 
 # ---------------------------------------------------------------------------- report
@@ -604,6 +634,8 @@ def report_b(b: dict[str, Any]) -> str:
                 f"({bare_ms:.1f} ms); TTFT p50 {ours['ttft_p50_ms']:.1f} ms, p99 "
                 f"{ours['ttft_p99_ms']:.1f} ms; last loads from a spare: "
                 f"{b.get('modelyard_from_spare')}",
+                f"slowest: {slowest(ours)}",
+                *([f"slowest, baseline sources: {slowest(b['base'])}"] if "base" in b else []),
             ]
         )
     peer = b["llama_cpp.server"]
@@ -641,7 +673,11 @@ def report_b(b: dict[str, Any]) -> str:
         f"{ours['switch_s_median'] * 1000 / bare_ms:.2f}x, peer "
         f"{peer['switch_s_median'] * 1000 / bare_ms:.2f}x",
         f"budget {b['budget_mb']:.0f} MiB for models reserving {b['reserved_mb']:.0f} MiB each",
+        f"slowest, modelyard: {slowest(ours)}",
+        f"slowest, peer: {slowest(peer)}",
     ]
+    if "base" in b:
+        lines.append(f"slowest, baseline sources: {slowest(b['base'])}")
     return "\n".join(lines)
 
 
@@ -693,6 +729,18 @@ def main() -> None:
     )
     parser.add_argument("--keep-logs", default=None, help="(b) copy the servers' logs here")
     parser.add_argument("--base-first", action="store_true", help="(b) the baseline's mix first")
+    parser.add_argument(
+        "--cycle",
+        action="store_true",
+        help="(b) the models in turn instead of the Zipf mix (with a budget of two of three, "
+        "every request meets a switch)",
+    )
+    parser.add_argument(
+        "--cold-first",
+        action="store_true",
+        help="(b) modelyard starts with no model loaded (the peer loads its first model as it "
+        "starts; without this flag modelyard is made to load it too, before the mix)",
+    )
     args = parser.parse_args()
     globals()["THREADS"] = args.threads
     if args.quick:

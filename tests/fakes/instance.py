@@ -98,7 +98,7 @@ class DeferringFakeInstance(FakeInstance):
         self._info = info
         return info
 
-    async def measure_footprint(self) -> InstanceInfo:
+    async def measure_footprint(self, *, after_first_answer: bool = False) -> InstanceInfo:
         """The configured footprint, once the gate opens; ModelNotReadyError once stopped."""
         self.measuring.set()
         await self.measure_gate.wait()

@@ -82,28 +82,36 @@ class FootprintCommitter:
             await self._admission.admit(record, footprint, None)
         record.reserved_bytes = budget.reserved(record.device, record.key)
 
-    def later(self, record: ModelRecord, instance: ModelInstance) -> None:
+    def later(
+        self, record: ModelRecord, instance: ModelInstance, after_first_answer: bool = False
+    ) -> None:
         """Measure ``instance`` (READY now, serving on its reservation) and commit that,
-        in the background; the model counts as loading for admission until then."""
+        in the background, once the first request has had its first answer when
+        ``after_first_answer`` (a request waited for the load; ``workers/answers.py``);
+        the model counts as loading for admission until then."""
         record.footprint_pending = instance
-        self._tasks.spawn(self._measure_and_commit(record, instance))
+        self._tasks.spawn(self._measure_and_commit(record, instance, after_first_answer))
 
-    async def _measure_and_commit(self, record: ModelRecord, instance: ModelInstance) -> None:
+    async def _measure_and_commit(
+        self, record: ModelRecord, instance: ModelInstance, after_first_answer: bool
+    ) -> None:
         try:
             # The record's lock: no reload of it can start (and reserve) meanwhile.
             async with record.lock:
-                await self._commit_later(record, instance)
+                await self._commit_later(record, instance, after_first_answer)
         finally:
             if record.footprint_pending is instance:
                 record.footprint_pending = None
             async with self._admission.changed:
                 self._admission.changed.notify_all()
 
-    async def _commit_later(self, record: ModelRecord, instance: ModelInstance) -> None:
+    async def _commit_later(
+        self, record: ModelRecord, instance: ModelInstance, after_first_answer: bool
+    ) -> None:
         if record.instance is not instance or not isinstance(instance, DeferredFootprint):
             return
         try:
-            info = await instance.measure_footprint()
+            info = await instance.measure_footprint(after_first_answer=after_first_answer)
         except ServerError:
             return  # its worker is gone: the exit (or the unload that stopped it) follows
         if record.instance is not instance or record.state is not ModelState.READY:

@@ -153,6 +153,7 @@ class Loader:
                         record.stats.cold_starts += 1
                         counted = True
                 timeout = None if deadline is None else max(0.0, deadline - self._clock.monotonic())
+                record.requests_awaiting_load += int(cold_start)
                 try:
                     await asyncio.wait_for(asyncio.shield(task), timeout)
                 except TimeoutError:
@@ -166,6 +167,8 @@ class Loader:
                     raise ModelNotReadyError(
                         f"the load of {record.key} was stopped: {record.reason or 'cancelled'}"
                     ) from None
+                finally:
+                    record.requests_awaiting_load -= int(cold_start)
                 if record.state is ModelState.FAILED:
                     wait_s = record.backoff.wait_s(self._clock.monotonic(), record.path)
                     raise ModelLoadError(_load_failure(record), retry_after_s=wait_s or None)
@@ -366,7 +369,8 @@ class Loader:
             await self.on_ready(record)
         self.set_state(record, ModelState.READY)
         if info.footprint_pending:
-            self.footprints.later(record, instance)
+            # A request waiting for this load is sent now: its first answer comes first.
+            self.footprints.later(record, instance, record.requests_awaiting_load > 0)
         async with self._admission.changed:
             self._admission.changed.notify_all()
 

@@ -164,6 +164,9 @@ class ModelRecord:
     info: InstanceInfo | None = None
     scheduler: ModelScheduler | None = None
     load_task: asyncio.Task[None] | None = None
+    requests_awaiting_load: int = 0
+    """Requests waiting for the load in progress (not preloads or explicit loads): one of
+    them is sent the moment the model turns READY, and its footprint read waits for it."""
     reserved_bytes: int = 0
     measured_bytes: int | None = None
     timings: LoadTimings = field(default_factory=LoadTimings)

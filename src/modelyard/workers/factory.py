@@ -11,8 +11,7 @@ The server creates one factory at start-up and closes it at shutdown::
 With ``start_method="fork"`` (the default) workers are forked by the fork server
 (``forkserver.py``), which reaps them and reports their exit status over its control
 socket. With ``"spawn"`` each worker is a fresh ``python -m modelyard.workers.main``
-whose exit the server watches through a pidfd; that mode exists as a fallback and for
-comparison in ``bench/bench_isolation.py``.
+whose exit the server watches through a pidfd (a fallback; ``bench/bench_isolation.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from modelyard.runtimes import WARMABLE_KINDS
+from modelyard.workers.answers import AnswerGate
 from modelyard.workers.channel import SharedRegion, socket_pair
 from modelyard.workers.forkserver import DEFAULT_PRELOAD, preload_for
 from modelyard.workers.handle import StartMethod, WorkerHandle, WorkerStartError
@@ -76,8 +76,7 @@ class WorkerFactoryConfig:
     ready_timeout_s: float = 60.0
     """How long the fork server may take to import and report ready."""
     spare_workers: int = 0
-    """Idle workers kept started ahead (``spares.py``); the server sets it from its
-    ``spare_workers`` setting, and 0 (here the default) keeps none."""
+    """Idle workers kept started ahead (``spares.py``; the server's ``spare_workers``); 0: none."""
     warm: tuple[str, ...] = ()
     """Runtime kinds a spare starts ahead while it idles (those the repository uses)."""
 
@@ -101,14 +100,15 @@ class WorkerFactory:
         self._restart_lock = asyncio.Lock()
         self._closed = False
         self._spares: SparePool | None = None
+        self.answers = AnswerGate()
+        """Calls to this factory's workers waiting for their first answer (``answers.py``)."""
         self.fork_server_info: ForkServerReady | None = None
         """What the fork server reported when ready (pid, threads, import time)."""
 
     @classmethod
     def for_runtimes(cls, kinds: Iterable[str], spare_workers: int = 0) -> WorkerFactory:
-        """A factory on the defaults whose fork server also preloads what the runtime
-        ``kinds`` need (``RUNTIME_PRELOAD``: llama-cpp-python for ``llama_cpp``) and
-        that keeps ``spare_workers`` idle workers ready."""
+        """A factory on the defaults whose fork server also preloads what the runtime ``kinds``
+        need (``RUNTIME_PRELOAD``) and that keeps ``spare_workers`` idle workers ready."""
         kinds = set(kinds)
         # onnx is the runtime of a model nothing declares (a discovered folder).
         warm = tuple(sorted((kinds or {"onnx"}) & WARMABLE_KINDS))
@@ -154,8 +154,9 @@ class WorkerFactory:
                 await self.close()
                 raise
         if self.config.spare_workers > 0:
+            cfg = self.config
             self._spares = SparePool(
-                self.config.spare_workers, self.launch, self._limiter, self.config.warm
+                cfg.spare_workers, self.launch, self._limiter, cfg.warm, self.answers
             )
             self._spares.start()
 
@@ -219,12 +220,8 @@ class WorkerFactory:
                 raise WorkerStartError(f"the fork server did not start: {exc!r}") from exc
             raise
         self.fork_server_info = info
-        _log.info(
-            "fork server %d ready: imports took %.3fs, %d thread(s)",
-            info.pid,
-            info.import_s,
-            info.threads,
-        )
+        msg = "fork server %d ready: imports took %.3fs, %d thread(s)"
+        _log.info(msg, info.pid, info.import_s, info.threads)
 
     def _popen_fork_server(self, theirs: socket.socket) -> subprocess.Popen[bytes]:
         # Popen runs on the loop's thread on purpose (a few ms, once): the fork server

@@ -57,9 +57,11 @@ class StartRequest:
 class DeferredFootprint(Protocol):
     """An instance that can measure its footprint after ``start`` (a worker process)."""
 
-    async def measure_footprint(self) -> InstanceInfo:
+    async def measure_footprint(self, *, after_first_answer: bool = False) -> InstanceInfo:
         """The started instance's info with ``footprint_bytes`` measured now (and the
-        memory sample in ``details``); ServerError once the instance is gone."""
+        memory sample in ``details``), or once the first request sent right after the
+        start has had its first answer (``after_first_answer``); ServerError once the
+        instance is gone."""
         ...
 
 

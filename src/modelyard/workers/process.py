@@ -375,8 +375,11 @@ class ProcessInstance(WorkerLink):
         except psutil.NoSuchProcess:
             raise self._not_serving() from None
 
-    async def measure_footprint(self) -> InstanceInfo:
-        """The start's info with the footprint measured now (a start that deferred it)."""
+    async def measure_footprint(self, *, after_first_answer: bool = False) -> InstanceInfo:
+        """The start's info with the footprint measured (a start that deferred it), once
+        the model's first request has had its first answer if asked (``answers.py``)."""
+        if after_first_answer:
+            await self._after_first_answers()
         info, spec = self._info, self._spec
         if info is None or spec is None or not self._ready:
             raise self._not_serving()

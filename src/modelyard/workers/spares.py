@@ -26,10 +26,11 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
+from modelyard.workers.answers import AnswerGate
 from modelyard.workers.channel import SharedRegion, socket_pair
 from modelyard.workers.handle import WorkerHandle, WorkerStartError
 from modelyard.workers.limits import MemoryLimit, MemoryLimiter, MemoryLimitError
@@ -48,15 +49,19 @@ _MAX_BACKOFF_S: Final = 30.0
 _EXIT_WAIT_S: Final = 2.0
 _RELEASE_ATTEMPTS: Final = 50
 _REFILL_DELAY_S: Final = 0.1
-"""A refill starts this long after the claiming load ends. Making a spare costs 10-25 ms
-of CPU at once (the fork, the new process's start, its move into its memory group in a
-thread); at once it ran beside the load's answer and that model's first request, and on
-a 2-core VM it held the identity model's switch ~6 ms past the server's own total."""
-_WARM_DELAY_S: Final = 0.25
-"""A new spare is sent its :class:`Warm` this long after it is ready. A refill starts as
-the claiming load ends, while that model's first request runs; a llama.cpp warm-up
-(~30 ms of CPU) beside it doubled that request's time to first token on a busy 2-core
-VM (32 -> 66 ms, BENCHMARKS.md §18). A spare claimed before then loads cold."""
+"""A refill starts at least this long after the claiming load ends. Making a spare costs
+10-25 ms of CPU at once (the fork, the new process's start, its move into its memory
+group in a thread); at once it ran beside the load's answer and that model's first
+request, and on a 2-core VM it held the identity model's switch ~6 ms past the server's
+own total."""
+_QUIET_WAIT_S: Final = 2.0
+"""A refill (after its delay) and a new spare's :class:`Warm` wait until no call to a
+worker waits for its first answer (``answers.py``), but no longer than this. A llama.cpp
+warm-up (~30 ms of CPU) beside a model's first request doubled its time to first token
+on a busy 2-core VM (32 -> 66 ms, BENCHMARKS.md §18), and that request's first token can
+come 100+ ms after its load. The Warm goes as soon as that allows: sent 0.25 s after the
+spare was ready, it often ran as the next request arrived and claimed that spare, whose
+Load then waited for the warm-up. A spare claimed before its Warm loads cold."""
 
 
 @dataclass(slots=True, eq=False)  # one spare is itself only (pool membership by identity)
@@ -82,20 +87,29 @@ class SparePool:
     """Keeps ``size`` spare workers ready; see the module docstring."""
 
     def __init__(
-        self, size: int, launch: Launch, limiter: MemoryLimiter, warm: tuple[str, ...] = ()
+        self,
+        size: int,
+        launch: Launch,
+        limiter: MemoryLimiter,
+        warm: tuple[str, ...] = (),
+        answers: AnswerGate | None = None,
     ) -> None:
         self.size = size
         self.warm = warm
         """Runtime kinds each new spare starts ahead while it idles (:class:`Warm`)."""
         self._launch = launch
         self._limiter = limiter
+        self._answers = answers or AnswerGate()
+        """The factory's calls waiting for a first answer: refills and Warms wait for none."""
         self._spares: list[Spare] = []
         self._wanted = asyncio.Event()
         self._filler: asyncio.Task[None] | None = None
         self._backoff_s = 0.0
         self._closed = False
         self._chores: set[asyncio.Task[None]] = set()
-        self._refill: asyncio.TimerHandle | None = None
+        self._warms: set[asyncio.Task[None]] = set()
+        """Warms not sent yet (cancelled by close; the chores are awaited)."""
+        self._refill: asyncio.Task[None] | None = None
         self.made = 0
         """Spares started since the pool started (claimed, died or idle)."""
 
@@ -126,22 +140,29 @@ class SparePool:
 
     def refill(self) -> None:
         """Make spares until the pool is full again, starting :data:`_REFILL_DELAY_S`
-        from now (call once a claimed spare's load is over, so that making the next one
-        does not slow that load, or the answer and first request that follow it)."""
+        from now and once no call waits for its first answer (call once a claimed
+        spare's load is over, so that making the next one does not slow that load, or
+        the answer and first request that follow it)."""
         if len(self._spares) >= self.size or self._closed:
             return
         if self._refill is None:  # else one is already due
-            self._refill = asyncio.get_running_loop().call_later(_REFILL_DELAY_S, self._want)
+            self._refill = asyncio.get_running_loop().create_task(self._refill_later())
 
-    def _want(self) -> None:
-        self._refill = None
+    async def _refill_later(self) -> None:
+        try:
+            await asyncio.sleep(_REFILL_DELAY_S)
+            await self._answers.quiet(_QUIET_WAIT_S)
+        finally:
+            self._refill = None
         self._wanted.set()
 
     async def close(self) -> None:
         """Stop making spares; kill, reap and forget the idle ones."""
         self._closed = True
-        if self._refill is not None:
-            self._refill.cancel()
+        waits = [t for t in (self._refill, *self._warms) if t is not None]
+        for task in waits:
+            task.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
         filler, self._filler = self._filler, None
         if filler is not None:
             filler.cancel()
@@ -179,7 +200,11 @@ class SparePool:
                 return
             self._spares.append(spare)
             if self.warm:
-                asyncio.get_running_loop().call_later(_WARM_DELAY_S, self._send_warm, spare)
+                self._own(self._warms, self._warm_later(spare))
+
+    async def _warm_later(self, spare: Spare) -> None:
+        await self._answers.quiet(_QUIET_WAIT_S)
+        self._send_warm(spare)
 
     def _send_warm(self, spare: Spare) -> None:
         # Only to an idle spare: a claimed one is its instance's, its Load maybe sent.
@@ -233,9 +258,14 @@ class SparePool:
         """Close its channel and region; once its process has gone, its pidfd and group."""
         spare.discard()
         limit, spare.limit = spare.limit, None
-        chore = asyncio.get_running_loop().create_task(self._reap(spare.handle, limit))
-        self._chores.add(chore)
-        chore.add_done_callback(self._chores.discard)
+        self._own(self._chores, self._reap(spare.handle, limit))
+
+    @staticmethod
+    def _own(tasks: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as a task held in ``tasks`` until it ends (close ends them)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     @staticmethod
     async def _reap(handle: WorkerHandle, limit: MemoryLimit | None) -> None:

@@ -21,6 +21,7 @@ from collections.abc import AsyncGenerator, Callable
 from modelyard.errors import DeadlineExceededError, ServerError
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.runtimes.generation import GenerationJob
+from modelyard.workers.answers import AnswerGate
 from modelyard.workers.exits import rebuild_error
 from modelyard.workers.instance import GenerationCounters
 from modelyard.workers.messages import (
@@ -39,12 +40,16 @@ _Item = Chunk | ServerError
 class GenerationStreams:
     """The open generation streams and counter queries of one worker."""
 
-    def __init__(self, send: Callable[[Message], None], next_seq: Callable[[], int]) -> None:
+    def __init__(
+        self, send: Callable[[Message], None], next_seq: Callable[[], int], answers: AnswerGate
+    ) -> None:
         self.name = ""
         """The model's name, for messages (set when the instance starts)."""
         self._send = send
         """Sends one message to the worker (raises a ServerError when it is gone)."""
         self._next_seq = next_seq
+        self._answers = answers
+        """Counts each stream until its first chunk (``answers.py``)."""
         self._streams: dict[int, asyncio.Queue[_Item]] = {}
         self._queries: dict[int, asyncio.Future[CountersMessage]] = {}
         self._dead: ServerError | None = None
@@ -94,6 +99,7 @@ class GenerationStreams:
             else tuple((m.role, m.content) for m in request.messages)
         )
         finished = False
+        pending = self._answers.begin()
         try:
             self._send(
                 Generate(
@@ -123,9 +129,14 @@ class GenerationStreams:
                     prompt_tokens=item.prompt_tokens,
                     completion_tokens=item.completion_tokens,
                 )
+                # The consumer is back for more, so it has handled the first chunk (as far
+                # as its own consumers go before asking again): work waiting for the gate
+                # then does not start while the first chunk is still on its way out.
+                pending.end()
                 if finished:
                     return
         finally:
+            pending.end()
             self._streams.pop(seq, None)
             if not finished and self._dead is None:
                 # The consumer left before the end: free the worker's sequence now.

@@ -24,6 +24,7 @@ from modelyard.errors import (
     ServerError,
     WorkerCrashedError,
 )
+from modelyard.workers.answers import AnswerGate
 from modelyard.workers.channel import ChannelClosedError, LoopChannel, SharedRegion
 from modelyard.workers.exits import describe_exit
 from modelyard.workers.factory import WorkerFactory
@@ -43,6 +44,11 @@ _EXIT_WAIT_S: Final = 5.0
 _EOF_GRACE_S: Final = 1.0
 """A worker that closed its channel but is still running after this is killed."""
 _RELEASE_RETRIES: Final = 50
+_FIRST_CALL_S: Final = 0.05
+"""A model's first request is sent this soon after READY (the one that waited for the
+load: 7-13 ms on a busy 2-core VM); a later one is not waited for."""
+_FIRST_ANSWER_S: Final = 1.0
+"""The longest a footprint read waits for the first answer (``answers.py``)."""
 
 
 class _Expired:
@@ -80,7 +86,9 @@ class WorkerLink:
         self._kill_reason: str | None = None
         self._exit_reason: str | None = None
         self._callback_fired = False
-        self._streams = GenerationStreams(self._send_now, lambda: next(self._seqs))
+        self._answers = AnswerGate(factory.answers)
+        """This worker's calls waiting for their first answer (counted in the factory's too)."""
+        self._streams = GenerationStreams(self._send_now, lambda: next(self._seqs), self._answers)
         """Open generation streams (generative models), many at once beside the one
         request/reply exchange in flight."""
 
@@ -104,6 +112,14 @@ class WorkerLink:
     def set_exit_callback(self, callback: ExitCallback) -> None:
         """Called once, with the reason, if the worker dies after a successful start."""
         self._callback = callback
+
+    async def _after_first_answers(self) -> None:
+        """Return once the calls sent within :data:`_FIRST_CALL_S` of now (a model's
+        first request, right after READY) have had their first answer, or at most
+        :data:`_FIRST_ANSWER_S` later: work that can wait (the footprint read) then does
+        not run beside that request's prompt (``answers.py``)."""
+        await asyncio.sleep(_FIRST_CALL_S)
+        await self._answers.quiet(_FIRST_ANSWER_S)
 
     # ------------------------------------------------------------------ channel I/O
 
@@ -137,9 +153,13 @@ class WorkerLink:
         fut: asyncio.Future[_Reply] = loop.create_future()
         self._waiter = fut
         timer = loop.call_at(deadline, _expire, fut)
+        # A call to a serving model (not its start): background work waits for its answer.
+        pending = self._answers.begin() if self._ready else None
         try:
             reply = await fut
         finally:
+            if pending is not None:
+                pending.end()
             timer.cancel()
             if self._waiter is fut:
                 self._waiter = None

@@ -15,6 +15,7 @@ from modelyard.errors import InvalidInputError, ModelNotReadyError, WorkerCrashe
 from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.instance import StartRequest
 from modelyard.workers.process import ProcessInstance
+from tests.fakes.fault_models import SLOW
 
 from .conftest import MLP_IN, TYPES, Starter, fault_spec, onnx_spec
 
@@ -99,6 +100,31 @@ async def test_a_deferred_start_serves_first_and_measures_after(
         await instance.stop()
     with pytest.raises(ModelNotReadyError):
         await instance.measure_footprint()
+
+
+async def test_a_deferred_footprint_is_read_after_the_first_answer(factory: WorkerFactory) -> None:
+    """Asked to (a request waited for the load), the footprint read (a walk of every
+    mapping, 10-45 ms of CPU) waits until the first request sent right after the start
+    has had its answer, so that it does not run beside it (a generative model's first
+    token); then it measures as before."""
+    instance = ProcessInstance(factory)
+    await instance.start(StartRequest(fault_spec("FaultyModel"), defer_footprint=True))
+    try:
+        done: list[str] = []
+
+        async def first_request() -> None:
+            slow = np.full((1, 1), SLOW, np.float32)  # answered after 0.3 s
+            await instance.infer({"x": slow}, timeout_s=5.0)
+            done.append("answer")
+
+        async def measure() -> None:
+            await instance.measure_footprint(after_first_answer=True)
+            done.append("footprint")
+
+        await asyncio.gather(measure(), first_request())
+        assert done == ["answer", "footprint"]
+    finally:
+        await instance.stop()
 
 
 async def test_stop_returns_once_the_worker_has_gone_not_once_reported(

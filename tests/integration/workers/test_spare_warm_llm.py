@@ -52,7 +52,7 @@ async def test_a_spare_warmed_for_llama_cpp_serves_a_gguf_model_exactly(
     try:
         await wait_until(lambda: len(factory.spare_pids) == 1, READY_S, what="a spare")
         spare_pid = factory.spare_pids[0]
-        # Its Warm is sent a moment after it is ready (spares.py: _WARM_DELAY_S).
+        # Its Warm is sent once no call waits for a first answer (spares.py: _QUIET_WAIT_S).
         await wait_until(lambda: factory.warm_spare_pids == [spare_pid], READY_S, what="warm")
         info = await instance.start(StartRequest(_gguf_spec(llm_root)))
         assert instance.pid == spare_pid, "the load took the spare"

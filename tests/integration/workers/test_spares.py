@@ -20,6 +20,7 @@ from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.instance import StartRequest
 from modelyard.workers.limits import Cgroup1Limiter, Cgroup2Limiter
 from modelyard.workers.process import ProcessInstance
+from tests.fakes.fault_models import SLOW
 from tests.polling import wait_until
 
 from .conftest import (
@@ -58,7 +59,7 @@ async def _one_spare(factory: WorkerFactory) -> int:
 
 
 async def _warm_sent(factory: WorkerFactory, pid: int) -> None:
-    # The Warm goes out a moment after the spare is ready (spares.py: _WARM_DELAY_S).
+    # The Warm goes out once no call waits for a first answer (spares.py: _QUIET_WAIT_S).
     await wait_until(lambda: factory.warm_spare_pids == [pid], READY_S, what="its Warm sent")
 
 
@@ -182,21 +183,49 @@ async def test_a_spare_warms_its_runtimes_ahead_and_still_serves_any_model(
 
 
 async def test_a_spare_claimed_before_its_warm_loads_cold(onnx_dirs: dict[str, Path]) -> None:
-    """A spare's Warm is sent a moment after it is ready (so that it does not compete with
-    the first request of the load that made room for it); one claimed before then is not
-    sent it, and loads and serves as a cold worker does."""
+    """A spare's Warm waits while a call to a worker waits for its first answer (so that
+    it does not compete with it, e.g. the first request of the load that made room for
+    it); one claimed before then is not sent it, and loads and serves as a cold one does."""
+    config = dataclasses.replace(TEST_FACTORY_CONFIG, spare_workers=1, warm=("onnx",))
+    factory = WorkerFactory(config)
+    await factory.start()
+    # What a call sent to one of the factory's workers and not yet answered registers.
+    waiting = factory.answers.begin()
+    instance = ProcessInstance(factory)
+    try:
+        spare_pid = await _one_spare(factory)
+        await asyncio.sleep(0.3)
+        assert factory.warm_spare_pids == [], "the Warm did not wait for the answer"
+        info = await instance.start(StartRequest(onnx_spec(onnx_dirs["identity"])))
+        assert instance.pid == spare_pid
+        assert info.details["warmed_runtimes"] == []
+        x = np.ones((2, 4), np.float32)
+        np.testing.assert_array_equal((await instance.infer({"x": x}, 5.0))["y"], x)
+    finally:
+        waiting.end()
+        await instance.stop()
+        await factory.close()
+
+
+async def test_a_refill_waits_for_the_first_answer_of_the_load_that_claimed_a_spare(
+    onnx_dirs: dict[str, Path],
+) -> None:
+    """The next spare is made once the claiming model's first request has had its answer
+    (a generative model's first token), not beside it; then it is made and warmed."""
     config = dataclasses.replace(TEST_FACTORY_CONFIG, spare_workers=1, warm=("onnx",))
     factory = WorkerFactory(config)
     await factory.start()
     instance = ProcessInstance(factory)
     try:
-        spare_pid = await _one_spare(factory)
-        info = await instance.start(StartRequest(onnx_spec(onnx_dirs["identity"])))
-        assert instance.pid == spare_pid
-        assert info.details["warmed_runtimes"] == []
-        await asyncio.sleep(0.3)  # past the delay: still no Warm, still serving
-        x = np.ones((2, 4), np.float32)
-        np.testing.assert_array_equal((await instance.infer({"x": x}, 5.0))["y"], x)
+        await _warm_sent(factory, await _one_spare(factory))
+        await instance.start(StartRequest(fault_spec("FaultyModel")))
+        slow = np.full((1, 1), SLOW, np.float32)  # answered after 0.3 s
+        call = asyncio.ensure_future(instance.infer({"x": slow}, 5.0))
+        while not call.done():  # past the refill's own 0.1 s delay
+            assert factory.spare_pids == [], "a spare was made beside the first request"
+            await asyncio.sleep(0.01)
+        await call
+        await _warm_sent(factory, await _one_spare(factory))
     finally:
         await instance.stop()
         await factory.close()
