@@ -72,7 +72,48 @@ def _group(stats: pstats.Stats, calls: int, top: int) -> None:
             print(f"  {seconds / calls * 1e6:8.1f}  {key}")
 
 
-async def one(isolation: str, calls: int, top: int) -> None:
+# A client in another process: ``calls`` requests one after another on one connection,
+# each written whole (as bench_overhead's raw client does), so only the server is profiled.
+_CLIENT = r"""
+import socket, sys
+port, calls = int(sys.argv[1]), int(sys.argv[2])
+request = sys.stdin.buffer.read()
+s = socket.create_connection(("127.0.0.1", port))
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+for _ in range(calls):
+    s.sendall(request)
+    buf = b""
+    while True:
+        buf += s.recv(65536)
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            continue
+        head = buf[:end].lower()
+        length = int(head.split(b"content-length:")[1].split(b"\r\n")[0])
+        if len(buf) >= end + 4 + length:
+            if not head.startswith(b"http/1.1 200"):
+                sys.exit("not 200: " + buf.decode("latin-1"))
+            break
+"""
+REQUEST = (
+    b"POST /v2/models/m/infer HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+    + b"content-length: "
+    + str(len(BODY)).encode()
+    + b"\r\n\r\n"
+    + BODY
+)
+
+
+async def _client(port: int, calls: int) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CLIENT, str(port), str(calls), stdin=asyncio.subprocess.PIPE
+    )
+    await proc.communicate(REQUEST)
+    if proc.returncode:
+        raise SystemExit(f"client failed: {proc.returncode}")
+
+
+async def one(isolation: str, calls: int, top: int, http: bool = False) -> None:
     with tempfile.TemporaryDirectory(prefix="profile-hot-path-") as tmp:
         root = Path(tmp)
         build_identity_onnx(root / "identity" / "1" / "model.onnx")
@@ -83,26 +124,31 @@ async def one(isolation: str, calls: int, top: int) -> None:
         await app.start()
         try:
             handler = InferHandler(app.dataplane, 1 << 20)
-            for _ in range(500):
-                await handler.infer_body("m", None, BODY, None, None, None)
+
+            async def run(n: int) -> None:
+                if http:  # the whole server path, HTTP parse and socket write included
+                    await _client(app.http_port, n)
+                    return
+                for _ in range(n):
+                    await handler.infer_body("m", None, BODY, None, None, None)
+
+            await run(500)
             workers = psutil.Process().children(recursive=True)
             cpu0 = time.thread_time()
             wall0 = time.perf_counter()
             kids0 = sum(sum(w.cpu_times()[:2]) for w in workers)
-            for _ in range(calls):
-                await handler.infer_body("m", None, BODY, None, None, None)
+            await run(calls)
             cpu = (time.thread_time() - cpu0) / calls * 1e6
             wall = (time.perf_counter() - wall0) / calls * 1e6
             kids = (sum(sum(w.cpu_times()[:2]) for w in workers) - kids0) / calls * 1e6
-            print(f"\n== isolation: {isolation}; {calls} requests")
+            print(f"\n== isolation: {isolation}; {calls} requests{' over HTTP' if http else ''}")
             print(
                 f"event-loop thread: {cpu:.0f} µs CPU, {wall:.0f} µs wall per request; "
                 f"other processes of the server (workers): {kids:.0f} µs CPU per request"
             )
             profile = cProfile.Profile()
             profile.enable()
-            for _ in range(calls):
-                await handler.infer_body("m", None, BODY, None, None, None)
+            await run(calls)
             profile.disable()
             stats = pstats.Stats(profile)
             # Deterministic, unlike any time on a shared machine: the A/B figure to trust.
@@ -118,11 +164,16 @@ def main() -> None:
     parser.add_argument("--isolation", choices=("process", "inline", "both"), default="both")
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--http",
+        action="store_true",
+        help="send the requests over HTTP from a client process (HTTP parse and write included)",
+    )
     args = parser.parse_args()
     _server.install_uvloop()
     isolations = ("process", "inline") if args.isolation == "both" else (args.isolation,)
     for isolation in isolations:
-        asyncio.run(one(isolation, args.calls, args.top))
+        asyncio.run(one(isolation, args.calls, args.top, args.http))
     print(f"\nload average {psutil.getloadavg()}", file=sys.stderr)
 
 

@@ -30,6 +30,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from modelyard.frontends.http.direct import answer_cycle, direct_handler, direct_target
 from modelyard.frontends.http.fastpath import InferHandler
+from modelyard.frontends.http.raw_infer import PREFIX, RawInfer, parse_raw_infer
 
 if TYPE_CHECKING:
     from uvicorn._types import ASGI3Application
@@ -57,6 +58,7 @@ def guarded_protocol(
         _direct_infer: InferHandler | None = None
         _direct: tuple[RequestResponseCycle, asyncio.Task[None]] | None = None
         """The infer request answered without ASGI now, and its task."""
+        _in_message = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             """Count the connection, make room if over the cap, start the head deadline."""
@@ -99,7 +101,14 @@ def guarded_protocol(
             super()._start_asgi_task(cycle, app)
 
         def data_received(self, data: bytes) -> None:
-            """Feed the parser; time a head or a body that is still to come."""
+            """Answer a whole infer request read at once; else feed the parser, and time a
+            head or a body that is still to come."""
+            handler = self._direct_infer
+            if handler is not None and data.startswith(PREFIX) and self._between_messages():
+                raw = parse_raw_infer(data, handler.max_request_bytes)
+                if raw is not None:
+                    self._start_raw(handler, raw)
+                    return
             self._last_data_at = self.loop.time()
             super().data_received(data)
             if self in waiting:
@@ -116,6 +125,70 @@ def guarded_protocol(
                 and not cycle.response_complete
             ):
                 self._body_timer = self.loop.call_later(body_idle_timeout_s, self._body_stalled)
+
+        def _between_messages(self) -> bool:
+            # What uvicorn would do with a new request now is start it: no message half
+            # parsed, none answering or queued behind one, no 503 for the concurrency cap.
+            cycle = self.cycle
+            limit = self.limit_concurrency
+            return (
+                not self._in_message
+                and (cycle is None or cycle.response_complete)
+                and not self.pipeline
+                and not self.root_path
+                and (limit is None or (len(self.connections) < limit and len(self.tasks) < limit))
+            )
+
+        def _start_raw(self, handler: InferHandler, raw: RawInfer) -> None:
+            # on_message_begin, on_headers_complete and on_message_complete in one, for a
+            # request parsed by raw_infer: the same scope and cycle, answered directly.
+            self._unset_keepalive_if_required()
+            waiting.pop(self, None)
+            self._cancel_head_timer()
+            scope = {
+                "type": "http",
+                "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+                "http_version": "1.1",
+                "server": self.server,
+                "client": self.client,
+                "scheme": self.scheme,
+                "root_path": "",
+                "headers": raw.headers,
+                "state": self.app_state.copy(),
+                "method": "POST",
+                "path": raw.path,
+                "raw_path": raw.raw_path,
+                "query_string": b"",
+            }
+            cycle = RequestResponseCycle(
+                scope=scope,  # type: ignore[arg-type]
+                transport=self.transport,
+                flow=self.flow,
+                logger=self.logger,
+                access_logger=self.access_logger,
+                access_log=self.access_log,
+                default_headers=self.server_state.default_headers,
+                message_event=asyncio.Event(),
+                expect_100_continue=False,
+                keep_alive=raw.keep_alive,
+                on_response=self.on_response_complete,
+            )
+            cycle.more_body = False  # the body is the handler's already (raw.body)
+            self.cycle = cycle
+            task = self.loop.create_task(answer_cycle(handler, cycle, raw.model, raw.version, raw))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
+            self._direct = (cycle, task)
+
+        def on_message_begin(self) -> None:
+            """httptools began a message: raw reads wait for its end."""
+            self._in_message = True
+            super().on_message_begin()
+
+        def on_message_complete(self) -> None:
+            """httptools ended a message: the next read may be taken raw."""
+            super().on_message_complete()
+            self._in_message = False
 
         def _body_stalled(self) -> None:
             self._body_timer = None

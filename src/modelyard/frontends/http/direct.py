@@ -30,6 +30,7 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 from modelyard.errors import RequestCancelledError
 from modelyard.frontends.http.errors import answer_error
 from modelyard.frontends.http.fastpath import InferFastPath, InferHandler, infer_target
+from modelyard.frontends.http.raw_infer import RawInfer
 
 log = logging.getLogger("modelyard.http")
 
@@ -52,17 +53,27 @@ def direct_target(cycle: RequestResponseCycle) -> tuple[str, str | None] | None:
 
 
 async def answer_cycle(
-    handler: InferHandler, cycle: RequestResponseCycle, model: str, version: str | None
+    handler: InferHandler,
+    cycle: RequestResponseCycle,
+    model: str,
+    version: str | None,
+    raw: RawInfer | None = None,
 ) -> None:
-    """Answer one infer request on ``cycle`` (see the module docstring)."""
+    """Answer one infer request on ``cycle`` (see the module docstring); ``raw``: the
+    request was read whole before uvicorn's parser (its body and headers are there)."""
     # uvicorn's typed ASGI callables are Starlette's plain ones.
     scope = cast(Scope, cycle.scope)
     receive = cast(Receive, cycle.receive)
     try:
         try:
-            payload, headers = await handler.answer(
-                scope, receive, model, version, watch_disconnect=False
-            )
+            if raw is None:
+                payload, headers = await handler.answer(
+                    scope, receive, model, version, watch_disconnect=False
+                )
+            else:
+                payload, headers = await handler.answer_body(
+                    model, version, raw.body, raw.header_length, raw.timeout_ms
+                )
         except asyncio.CancelledError:
             if not cycle.disconnected:
                 raise  # the server is stopping: not the client's doing

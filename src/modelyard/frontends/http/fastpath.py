@@ -133,8 +133,23 @@ class InferHandler:
             elif key == b"content-length" and value.isdigit():
                 declared = int(value)
         body = await read_body(receive, self.max_request_bytes, declared)
-        payload, header_len, served_by = await self.infer_body(
+        return await self.answer_body(
             model, version, body, header_length, timeout_ms, receive if watch_disconnect else None
+        )
+
+    async def answer_body(
+        self,
+        model: str,
+        version: str | None,
+        body: bytes,
+        header_length: str | None,
+        timeout_ms: str | None,
+        receive: Receive | None = None,
+    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """:meth:`answer` for a body already read (the raw route of
+        :mod:`~modelyard.frontends.http.raw_infer` reads it with the head)."""
+        payload, header_len, served_by = await self.infer_body(
+            model, version, body, header_length, timeout_ms, receive
         )
         headers = [(b"content-length", str(len(payload)).encode())]
         if header_len is None:
