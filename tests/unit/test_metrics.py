@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import DeviceConfig, ServerSettings
@@ -15,7 +15,7 @@ from modelyard.manager.events import EventLog
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelKey
 from modelyard.manager.states import ModelState
-from modelyard.observability.metrics import OK, Metrics
+from modelyard.observability.metrics import FOLD_AT, OK, Metrics
 from modelyard.scheduling.config import SchedulerConfig
 from modelyard.scheduling.scheduler import ModelScheduler
 from modelyard.workers.inline import InlineInstance
@@ -197,3 +197,45 @@ def test_bind_twice_is_refused(metrics: Metrics, manager: ModelManager) -> None:
     metrics.bind(manager)
     with pytest.raises(RuntimeError, match="already bound"):
         metrics.bind(manager)
+
+
+def test_folded_requests_are_counted_before_every_read(
+    metrics: Metrics, registry: CollectorRegistry, clock: FakeClock
+) -> None:
+    """Successes wait in a buffer (the request path's cost); every read sees them, and
+    the per-second traffic keeps their order with failures and cold starts."""
+    mv = {"model": "m", "version": "1"}
+    hook = metrics.batch_hook("m", "1")
+    metrics.request_done("m", "1", OK, 0.002)
+    hook(1, [0.001], 0.001)
+    assert value(registry, "modelyard_inference_requests_total", **mv, code="ok") == 1
+    assert value(registry, "modelyard_scheduler_batch_size_rows_count", **mv) == 1
+    metrics.request_done("m", "1", OK, 0.002)
+    clock.now_s += 1
+    metrics.request_done("m", "1", OK, 0.003)
+    metrics.request_done("m", "1", ErrorCode.INTERNAL, 0.004)  # folds the two before it
+    metrics.cold_start_wait("m", "1", 0.3)
+    metrics.request_done("m", "1", OK, 0.005)
+    clock.now_s += 1
+    (series,) = metrics.recent_traffic(window_s=3)["models"]
+    assert series["requests"] == [0, 2, 3]  # whole seconds before now
+    assert series["errors"] == [0, 0, 1]
+    assert series["cold_starts"] == [0, 0, 1]
+    text = generate_latest(registry).decode()
+    assert 'modelyard_inference_requests_total{code="ok",model="m",version="1"} 4.0' in text
+    assert 'modelyard_inference_request_duration_seconds_count{model="m",version="1"} 5.0' in text
+
+
+def test_folding_keeps_the_buffer_bounded(metrics: Metrics, registry: CollectorRegistry) -> None:
+    hook = metrics.batch_hook("m", "1")
+    for _ in range(10 * FOLD_AT + 3):
+        metrics.request_done("m", "1", OK, 0.001)
+        hook(1, [0.0], 0.001)
+    assert len(metrics._done) < FOLD_AT and len(metrics._calls) < FOLD_AT
+    mv = {"model": "m", "version": "1"}
+    assert value(registry, "modelyard_inference_requests_total", **mv, code="ok") == (
+        10 * FOLD_AT + 3
+    )
+    assert value(registry, "modelyard_inference_compute_duration_seconds_count", **mv) == (
+        10 * FOLD_AT + 3
+    )

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, ProcessCollector
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from modelyard.clock import Clock, MonotonicClock
 from modelyard.errors import ErrorCode, ServerError
@@ -98,6 +100,32 @@ class _VersionMetrics:
     recent: RecentTraffic
 
 
+FOLD_AT = 256
+"""Successful requests (and model calls) kept pending before they are counted at once.
+
+The request path appends a tuple instead of taking a counter's lock and observing five
+histograms and the per-second traffic per request; :meth:`Metrics.fold` counts them
+(one counter increment per model version) when this many are pending, when a request
+fails or waits for a load (so the per-second traffic stays in order), and before every
+read: a scrape, or the dashboard's traffic. Nothing reads the figures in between."""
+
+
+class _Fold(Collector):
+    """A collector without families whose collect() folds the pending observations."""
+
+    def __init__(self, fold: Callable[[], None]) -> None:
+        self._fold = fold
+
+    def describe(self) -> list[Metric]:
+        """No families (the registry's duplicate check calls this, not collect)."""
+        return []
+
+    def collect(self) -> list[Metric]:
+        """Fold, yield nothing."""
+        self._fold()
+        return []
+
+
 class Metrics:
     """Every metric of one server, registered on ``registry`` (tests pass a fresh one)."""
 
@@ -115,6 +143,11 @@ class Metrics:
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._versions: dict[tuple[str, str], _VersionMetrics] = {}
         self._bound = False
+        # Successful requests and model calls wait here, folded in before any read.
+        self._done: list[tuple[_VersionMetrics, float, int]] = []
+        self._calls: list[tuple[_VersionMetrics, int, list[float], float]] = []
+        # Registered first, so the registry's collect() folds before reading any family.
+        registry.register(_Fold(self.fold))
         mv = ("model", "version")
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> FastHistogram:
@@ -249,6 +282,13 @@ class Metrics:
         :meth:`batch_hook` is not installed, or they are counted twice.
         """
         m = self._of(model, version)
+        if code == OK and queue_s is None and compute_s is None:
+            done = self._done
+            done.append((m, total_s, int(self._clock.monotonic())))
+            if len(done) >= FOLD_AT:
+                self.fold()
+            return
+        self.fold()  # the per-second traffic must see earlier requests first
         counter = m.requests.get(code)
         if counter is None:
             counter = m.requests[code] = self.requests.labels(model, version, str(code))
@@ -264,14 +304,39 @@ class Metrics:
         """The scheduler's ``on_batch`` for one model version: batch, queue and compute."""
         m = self._of(model, version)
 
+        calls = self._calls
+        fold = self.fold
+
         def on_batch(rows: int, queue_waits_s: list[float], compute_s: float) -> None:
+            calls.append((m, rows, queue_waits_s, compute_s))
+            if len(calls) >= FOLD_AT:
+                fold()
+
+        return on_batch
+
+    def fold(self) -> None:
+        """Count what the request path left pending (see :data:`FOLD_AT`): the registry's
+        collect and :meth:`recent_traffic` call it first, so every read sees it all."""
+        done, self._done = self._done, []
+        if done:
+            succeeded: dict[int, tuple[_VersionMetrics, int]] = {}
+            for m, total_s, second in done:
+                m.request_seconds.observe(total_s)
+                m.recent.request(second, total_s, is_error=False)
+                seen = succeeded.get(id(m))
+                succeeded[id(m)] = (m, 1 if seen is None else seen[1] + 1)
+            for m, n in succeeded.values():  # one counter lock per version, not per request
+                counter = m.requests.get(OK)
+                if counter is None:
+                    counter = m.requests[OK] = self.requests.labels(m.model, m.version, OK)
+                counter.inc(n)
+        calls, self._calls[:] = list(self._calls), []
+        for m, rows, queue_waits_s, compute_s in calls:
             m.batch_rows.observe(rows)
             m.batch_compute_seconds.observe(compute_s)
             for wait_s in queue_waits_s:
                 m.queue_seconds.observe(wait_s)
                 m.compute_seconds.observe(compute_s)
-
-        return on_batch
 
     def fallback(self, model: str, fallback: str, reason: str) -> None:
         """A request for ``model`` was answered by ``fallback`` because of ``reason``."""
@@ -283,6 +348,7 @@ class Metrics:
 
     def cold_start_wait(self, model: str, version: str, wait_s: float) -> None:
         """A request found its model not ready and waited ``wait_s`` for the load."""
+        self.fold()  # the per-second traffic must see earlier requests first
         m = self._of(model, version)
         m.cold_start_seconds.observe(wait_s)
         m.recent.cold_start(int(self._clock.monotonic()))
@@ -337,6 +403,7 @@ class Metrics:
 
     def recent_traffic(self, window_s: int) -> dict[str, Any]:
         """Per-second traffic of every model version over the last ``window_s`` seconds."""
+        self.fold()
         length = max(1, min(window_s, self.horizon_s))
         end = int(self._clock.monotonic())
         return {
