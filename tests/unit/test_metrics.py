@@ -231,7 +231,8 @@ def test_folding_keeps_the_buffer_bounded(metrics: Metrics, registry: CollectorR
     for _ in range(10 * FOLD_AT + 3):
         metrics.request_done("m", "1", OK, 0.001)
         hook(1, [0.0], 0.001)
-    assert len(metrics._done) < FOLD_AT and len(metrics._calls) < FOLD_AT
+    assert len(metrics._done) < FOLD_AT
+    assert len(metrics._calls) < FOLD_AT
     mv = {"model": "m", "version": "1"}
     assert value(registry, "modelyard_inference_requests_total", **mv, code="ok") == (
         10 * FOLD_AT + 3

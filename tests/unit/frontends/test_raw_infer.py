@@ -45,7 +45,9 @@ def test_a_whole_request_is_read_as_uvicorn_would() -> None:
 
 def test_connection_close_is_kept() -> None:
     raw = parse_raw_infer(_request(b"/v2/models/m/infer", b"connection: close"), 1 << 20)
-    assert raw is not None and not raw.keep_alive and raw.version is None
+    assert raw is not None
+    assert not raw.keep_alive
+    assert raw.version is None
 
 
 @pytest.mark.parametrize(
