@@ -131,6 +131,7 @@ async def test_the_raw_route_answers_the_same_bytes_as_the_parsed_route(
     monkeypatch.setattr(InferHandler, "answer", spy)
     async with running_server(config_file) as (app, _):
         port = app.http_port
+        assert port is not None
         for name, (request, read_raw) in CASES.items():
             parsed.clear()
             whole = await _exchange(port, request, split=False)
