@@ -57,6 +57,8 @@ class CircuitBreaker:
         self._config = config
         self._clock = clock
         self._state = BreakerState.CLOSED
+        self.is_closed = True
+        """``state is CLOSED``, read without the property (the request path's check)."""
         self._generation = 0
         self._permit = Permit(0, is_probe=False)
         """The closed state's permit of the current generation: immutable, so shared."""
@@ -95,6 +97,8 @@ class CircuitBreaker:
 
     def admit(self) -> Permit | None:
         """A permit for one request, or None when the request must be refused."""
+        if self.is_closed:  # closed never turns into anything by itself (open does)
+            return self._permit
         state = self.state
         if state is BreakerState.CLOSED:
             return self._permit
@@ -137,6 +141,9 @@ class CircuitBreaker:
         """:meth:`record` for a call made for one request (the scheduler's direct path)."""
         if permit.generation != self._generation:
             return  # admitted under an earlier generation: says nothing about now
+        if self.is_closed:
+            self._add_outcome(failed)
+            return
         state = self.state
         if state is BreakerState.CLOSED:
             self._add_outcome(failed)
@@ -175,6 +182,7 @@ class CircuitBreaker:
     def _transition(self, state: BreakerState) -> None:
         old = self._state
         self._state = state
+        self.is_closed = state is BreakerState.CLOSED
         self._generation += 1
         self._permit = Permit(self._generation, is_probe=False)
         self._probes_in_flight = 0

@@ -299,7 +299,7 @@ class ModelScheduler(BatchDispatcher):
             and self.config.max_concurrency == 1
             and self._adaptive is None
             and (not self.config.is_batching or self.config.max_queue_delay_s == 0)
-            and self._breaker.state is BreakerState.CLOSED
+            and self._breaker.is_closed
         )
 
     async def _run_direct(
