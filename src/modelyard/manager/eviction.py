@@ -25,10 +25,11 @@ admission's hot-model rule read (see docs/caching.md).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Protocol
 
+from modelyard.manager.demand import DEFAULT_HALF_LIFE_S as DEFAULT_HALF_LIFE_S  # re-exported
+from modelyard.manager.demand import DemandTracker as DemandTracker  # re-exported
 from modelyard.manager.gap_histogram import GapHistograms
 from modelyard.manager.records import ModelKey, ModelRecord
 from modelyard.manager.time_of_day import DAY_S, TimeOfDay
@@ -36,8 +37,6 @@ from modelyard.manager.time_of_day import DAY_S, TimeOfDay
 POLICY_NAMES = ("lru", "lfu", "cost", "gdsf-decay", "arrival-cost")
 """The policies a server can be configured with (``belady`` needs the future)."""
 
-DEFAULT_HALF_LIFE_S = 60.0
-"""How fast demand is forgotten: a request counts half as much after this long."""
 
 HOT_FRACTION = 0.1
 """The hot models are the top decile of recent demand ..."""
@@ -61,62 +60,6 @@ class EvictionPolicy(Protocol):
     def on_request(self, record: ModelRecord, now: float) -> None:
         """Told of every request (at ``now``, on the manager's clock)."""
         ...
-
-
-class DemandTracker:
-    """Exponentially decayed request counts per model: recent demand, in requests.
-
-    ``demand(k)`` is the number of requests for ``k``, each weighted by
-    ``0.5 ** (age / half_life_s)``. Stored as ``(value, as of)`` pairs, decayed on read,
-    so an observation is O(1) and nothing runs in the background.
-    """
-
-    def __init__(self, half_life_s: float = DEFAULT_HALF_LIFE_S) -> None:
-        if half_life_s <= 0:
-            raise ValueError("half_life_s must be positive")
-        self.half_life_s = half_life_s
-        self.scale: Callable[[Hashable, float], float] | None = None
-        """What :meth:`hot` multiplies demand by unless told otherwise (the policy's
-        time of day: :func:`demand_scale`, set by whoever pairs the two)."""
-        self._rate = math.log(2) / half_life_s
-        self._demand: dict[Hashable, tuple[float, float]] = {}
-
-    def observe(self, key: Hashable, now: float, weight: float = 1.0) -> None:
-        """Count one request for ``key`` at ``now``."""
-        self._demand[key] = (self.demand(key, now) + weight, now)
-
-    def demand(self, key: Hashable, now: float) -> float:
-        """Decayed requests of ``key`` as of ``now`` (0 if never seen)."""
-        value, since = self._demand.get(key, (0.0, now))
-        return value * math.exp(-self._rate * max(0.0, now - since))
-
-    def forget(self, key: Hashable) -> None:
-        """Drop ``key`` (removed from the repository)."""
-        self._demand.pop(key, None)
-
-    def hot(
-        self,
-        now: float,
-        fraction: float = 0.1,
-        scale: Callable[[Hashable, float], float] | None = None,
-    ) -> dict[Hashable, float]:
-        """The top ``fraction`` of models by recent demand (at least one, if any is known),
-        with their demand.
-
-        Ranked among every model that has had a request; a model whose demand decayed
-        below a thousandth of a request no longer counts as known. ``scale(key, now)``,
-        if given (else :attr:`scale`), multiplies each demand first (the time of day's).
-        """
-        scale = scale or self.scale
-        ranked = [
-            (self.demand(k, now) * (scale(k, now) if scale else 1.0), k) for k in self._demand
-        ]
-        live = [(d, k) for d, k in ranked if d >= 1e-3]
-        if not live:
-            return {}
-        n = max(1, math.ceil(len(live) * fraction))
-        live.sort(key=lambda dk: dk[0], reverse=True)
-        return {k: d for d, k in live[:n]}
 
 
 def _front(record: ModelRecord) -> tuple[bool, int]:

@@ -1,0 +1,94 @@
+"""Exponentially decayed request counts per model, counted in batches off the request path."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable
+
+__all__ = ["DEFAULT_HALF_LIFE_S", "PENDING_MAX", "DemandTracker"]
+
+DEFAULT_HALF_LIFE_S = 60.0
+"""How fast demand is forgotten: a request counts half as much after this long."""
+
+PENDING_MAX = 256
+"""Observations a :class:`DemandTracker` keeps unfolded at most (memory stays bounded
+when nothing reads demand for a long time)."""
+
+
+class DemandTracker:
+    """Exponentially decayed request counts per model: recent demand, in requests.
+
+    ``demand(k)`` is the number of requests for ``k``, each weighted by
+    ``0.5 ** (age / half_life_s)``. Stored as ``(value, as of)`` pairs, decayed on read,
+    so an observation is O(1) and nothing runs in the background.
+    """
+
+    def __init__(self, half_life_s: float = DEFAULT_HALF_LIFE_S) -> None:
+        if half_life_s <= 0:
+            raise ValueError("half_life_s must be positive")
+        self.half_life_s = half_life_s
+        self.scale: Callable[[Hashable, float], float] | None = None
+        """What :meth:`hot` multiplies demand by unless told otherwise (the policy's
+        time of day: :func:`demand_scale`, set by whoever pairs the two)."""
+        self._rate = math.log(2) / half_life_s
+        self._demand: dict[Hashable, tuple[float, float]] = {}
+        # Observations not folded into _demand yet, in order: the request path appends,
+        # every read folds first, so each read sees exactly what eager updates would give.
+        self._pending: list[tuple[Hashable, float, float]] = []
+
+    def observe(self, key: Hashable, now: float, weight: float = 1.0) -> None:
+        """Count one request for ``key`` at ``now`` (folded in at the next read)."""
+        pending = self._pending
+        pending.append((key, now, weight))
+        if len(pending) >= PENDING_MAX:
+            self._fold()
+
+    def _fold(self) -> None:
+        pending, self._pending = self._pending, []
+        demand, rate, exp = self._demand, self._rate, math.exp
+        for key, now, weight in pending:
+            found = demand.get(key)
+            if found is None:
+                demand[key] = (weight, now)
+            else:
+                value, since = found
+                demand[key] = (value * exp(-rate * max(0.0, now - since)) + weight, now)
+
+    def demand(self, key: Hashable, now: float) -> float:
+        """Decayed requests of ``key`` as of ``now`` (0 if never seen)."""
+        if self._pending:
+            self._fold()
+        value, since = self._demand.get(key, (0.0, now))
+        return value * math.exp(-self._rate * max(0.0, now - since))
+
+    def forget(self, key: Hashable) -> None:
+        """Drop ``key`` (removed from the repository)."""
+        if self._pending:
+            self._fold()
+        self._demand.pop(key, None)
+
+    def hot(
+        self,
+        now: float,
+        fraction: float = 0.1,
+        scale: Callable[[Hashable, float], float] | None = None,
+    ) -> dict[Hashable, float]:
+        """The top ``fraction`` of models by recent demand (at least one, if any is known),
+        with their demand.
+
+        Ranked among every model that has had a request; a model whose demand decayed
+        below a thousandth of a request no longer counts as known. ``scale(key, now)``,
+        if given (else :attr:`scale`), multiplies each demand first (the time of day's).
+        """
+        if self._pending:
+            self._fold()
+        scale = scale or self.scale
+        ranked = [
+            (self.demand(k, now) * (scale(k, now) if scale else 1.0), k) for k in self._demand
+        ]
+        live = [(d, k) for d, k in ranked if d >= 1e-3]
+        if not live:
+            return {}
+        n = max(1, math.ceil(len(live) * fraction))
+        live.sort(key=lambda dk: dk[0], reverse=True)
+        return {k: d for d, k in live[:n]}
