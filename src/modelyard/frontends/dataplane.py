@@ -218,11 +218,17 @@ class DataPlane:
             if metrics is not None:  # no model label: the name is the client's, unbounded
                 metrics.request_done("", "", exc.code, self.clock.monotonic() - started)
             raise
+        # Without a fallback chain or parameters, _infer would only await _infer_on.
+        infer = self._infer if record.config.fallback or request.parameters else None
         if metrics is None:
-            return await self._infer(record, request, started)
+            if infer is None:
+                return await self._infer_on(record, request, started)
+            return await infer(record, request, started)
         code: str = OK
         try:
-            return await self._infer(record, request, started)
+            if infer is None:
+                return await self._infer_on(record, request, started)
+            return await infer(record, request, started)
         except BaseException as exc:
             code = outcome_code(exc)
             raise
