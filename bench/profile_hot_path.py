@@ -4,6 +4,13 @@ Run from the repository root::
 
     .venv/bin/python bench/profile_hot_path.py                  # both isolations
     .venv/bin/python bench/profile_hot_path.py --isolation process --calls 3000
+    .venv/bin/python bench/profile_hot_path.py --http                       # HTTP included
+    .venv/bin/python bench/profile_hot_path.py --http --concurrency 50
+
+With ``--http`` the requests come over loopback HTTP from a client in another process
+(each written whole, as ``bench_overhead.py``'s client does), so uvicorn's protocol, the
+raw infer read and the socket write are counted too; ``--concurrency`` opens that many
+connections, each sending its next request once its answer is in.
 
 No py-spy or perf needed. The server's ``App`` runs in this process on the identity model
 (FP32 [1, 4]); the request body is decoded, run and encoded by the same
@@ -72,28 +79,41 @@ def _group(stats: pstats.Stats, calls: int, top: int) -> None:
             print(f"  {seconds / calls * 1e6:8.1f}  {key}")
 
 
-# A client in another process: ``calls`` requests one after another on one connection,
-# each written whole (as bench_overhead's raw client does), so only the server is profiled.
+# A client in another process: ``calls`` requests over ``concurrency`` connections, each
+# connection sending its next request when its answer is in, every request written whole
+# (as bench_overhead's raw client does), so only the server is profiled.
 _CLIENT = r"""
-import socket, sys
-port, calls = int(sys.argv[1]), int(sys.argv[2])
+import selectors, socket, sys
+port, calls, concurrency = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 request = sys.stdin.buffer.read()
-s = socket.create_connection(("127.0.0.1", port))
-s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-for _ in range(calls):
+sel = selectors.DefaultSelector()
+sent = 0
+for _ in range(min(concurrency, calls)):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     s.sendall(request)
-    buf = b""
-    while True:
-        buf += s.recv(65536)
+    sent += 1
+    sel.register(s, selectors.EVENT_READ, [b""])
+done = 0
+while done < calls:
+    for key, _ in sel.select():
+        s, state = key.fileobj, key.data
+        state[0] += s.recv(65536)
+        buf = state[0]
         end = buf.find(b"\r\n\r\n")
         if end < 0:
             continue
         head = buf[:end].lower()
         length = int(head.split(b"content-length:")[1].split(b"\r\n")[0])
-        if len(buf) >= end + 4 + length:
-            if not head.startswith(b"http/1.1 200"):
-                sys.exit("not 200: " + buf.decode("latin-1"))
-            break
+        if len(buf) < end + 4 + length:
+            continue
+        if not head.startswith(b"http/1.1 200"):
+            sys.exit("not 200: " + buf.decode("latin-1"))
+        state[0] = buf[end + 4 + length:]
+        done += 1
+        if sent < calls:
+            s.sendall(request)
+            sent += 1
 """
 REQUEST = (
     b"POST /v2/models/m/infer HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
@@ -104,16 +124,24 @@ REQUEST = (
 )
 
 
-async def _client(port: int, calls: int) -> None:
+async def _client(port: int, calls: int, concurrency: int) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _CLIENT, str(port), str(calls), stdin=asyncio.subprocess.PIPE
+        sys.executable,
+        "-c",
+        _CLIENT,
+        str(port),
+        str(calls),
+        str(concurrency),
+        stdin=asyncio.subprocess.PIPE,
     )
     await proc.communicate(REQUEST)
     if proc.returncode:
         raise SystemExit(f"client failed: {proc.returncode}")
 
 
-async def one(isolation: str, calls: int, top: int, http: bool = False) -> None:
+async def one(
+    isolation: str, calls: int, top: int, http: bool = False, concurrency: int = 1
+) -> None:
     with tempfile.TemporaryDirectory(prefix="profile-hot-path-") as tmp:
         root = Path(tmp)
         build_identity_onnx(root / "identity" / "1" / "model.onnx")
@@ -127,7 +155,8 @@ async def one(isolation: str, calls: int, top: int, http: bool = False) -> None:
 
             async def run(n: int) -> None:
                 if http:  # the whole server path, HTTP parse and socket write included
-                    await _client(app.http_port, n)
+                    assert app.http_port is not None
+                    await _client(app.http_port, n, concurrency)
                     return
                 for _ in range(n):
                     await handler.infer_body("m", None, BODY, None, None, None)
@@ -141,7 +170,8 @@ async def one(isolation: str, calls: int, top: int, http: bool = False) -> None:
             cpu = (time.thread_time() - cpu0) / calls * 1e6
             wall = (time.perf_counter() - wall0) / calls * 1e6
             kids = (sum(sum(w.cpu_times()[:2]) for w in workers) - kids0) / calls * 1e6
-            print(f"\n== isolation: {isolation}; {calls} requests{' over HTTP' if http else ''}")
+            over = f" over HTTP, concurrency {concurrency}" if http else ""
+            print(f"\n== isolation: {isolation}; {calls} requests{over}")
             print(
                 f"event-loop thread: {cpu:.0f} µs CPU, {wall:.0f} µs wall per request; "
                 f"other processes of the server (workers): {kids:.0f} µs CPU per request"
@@ -169,11 +199,14 @@ def main() -> None:
         action="store_true",
         help="send the requests over HTTP from a client process (HTTP parse and write included)",
     )
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="connections of the --http client (1)"
+    )
     args = parser.parse_args()
     _server.install_uvloop()
     isolations = ("process", "inline") if args.isolation == "both" else (args.isolation,)
     for isolation in isolations:
-        asyncio.run(one(isolation, args.calls, args.top, args.http))
+        asyncio.run(one(isolation, args.calls, args.top, args.http, args.concurrency))
     print(f"\nload average {psutil.getloadavg()}", file=sys.stderr)
 
 
