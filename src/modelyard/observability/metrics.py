@@ -4,7 +4,8 @@ Three kinds of figures, three ways in:
 
 * **Request path** (hot): :meth:`Metrics.request_done`, :meth:`Metrics.cold_start_wait`
   and the scheduler hook from :meth:`Metrics.batch_hook`. Label children are cached per
-  model version, so a request costs a few dict lookups and histogram observations.
+  model version; a successful request and its model call are appended to a list and
+  counted in batches (:data:`FOLD_AT`, :meth:`Metrics.fold`) before any read.
 * **Lifecycle** (cold): :meth:`Metrics.on_event`, an :class:`EventLog` listener, counts
   loads, unloads, evictions, crashes, restarts and load failures, and times model switches.
 * **State** (at scrape time): :meth:`Metrics.bind` registers a collector that reads the
