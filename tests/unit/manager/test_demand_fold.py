@@ -42,7 +42,7 @@ def test_folded_demand_matches_eager_updates_at_every_read() -> None:
             assert tracker.demand(key, now) == eager.demand(key, now)
         elif action < 0.98:
             hot = tracker.hot(now, fraction=0.5)
-            expected = {k: eager.demand(k, now) for k in eager.values}
+            expected: dict[object, float] = {k: eager.demand(k, now) for k in eager.values}
             for k, d in hot.items():
                 assert d == expected[k]
         else:
