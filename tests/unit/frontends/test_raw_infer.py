@@ -70,6 +70,7 @@ def test_connection_close_is_kept() -> None:
         _request(b"/v2/models/m/infer", b"Content-Length: 14", b"Content-Length: 14"),
         _request(b"/v2/models/m/infer", b"Content-Length: +14"),
         _request(b"/v2/models/m/infer", b"Content-Length: 99"),
+        _request(b"/v2/models/m/infer", b"Content-Length: " + b"0" * 5000 + b"14"),
         _request(b"/v2/models/m/infer", b"Bad Name: x"),
         _request(b"/v2/models/m/infer", b"X-Empty:"),
         _request(b"/v2/models/m/infer", b"X-Obs: caf\xc3\xa9"),

@@ -82,7 +82,9 @@ def parse_raw_infer(data: bytes, max_body: int) -> RawInfer | None:
         name = header[1].lower()
         value = header[2]
         if name == b"content-length":
-            if length >= 0 or not value.isdigit():
+            # At most 18 digits: int() of a longer one may raise (CPython's digit limit)
+            # or exceed any body; httptools answers those as it always did.
+            if length >= 0 or len(value) > 18 or not value.isdigit():
                 return None
             length = int(value)
         elif name == b"inference-header-content-length":
