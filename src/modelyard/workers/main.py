@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 
 import msgspec
 
@@ -36,6 +37,7 @@ from modelyard.runtimes import (
     create_runtime,
     prewarm,
 )
+from modelyard.runtimes.base import RuntimeSpec, find_model_file
 from modelyard.runtimes.errors import classify_runtime_error
 from modelyard.runtimes.warmup import make_warmup_inputs
 from modelyard.workers.channel import BlockingChannel, ChannelClosedError, SharedRegion
@@ -53,10 +55,12 @@ from modelyard.workers.messages import (
     InferDone,
     Load,
     Loaded,
+    Released,
     StatsQuery,
     Stop,
     Warm,
 )
+from modelyard.workers.release import close_and_measure
 
 _PR_SET_PDEATHSIG = 1
 _MIB = 1024 * 1024
@@ -202,7 +206,7 @@ class _ChannelSink:
         self._channel = channel
         self._lock = threading.Lock()
 
-    def send(self, msg: Chunk | Failed | GenerationCounters | Loaded) -> None:
+    def send(self, msg: Chunk | Failed | GenerationCounters | Loaded | Released) -> None:
         # A send error means the server went away: the main loop sees the end of stream.
         with self._lock, contextlib.suppress(ChannelClosedError, OSError):
             self._channel.send(msg)
@@ -259,7 +263,11 @@ def _serve_generation(channel: BlockingChannel, first: Load, warmed: tuple[str, 
     try:
         while True:
             msg = channel.recv()
-            if msg is None or isinstance(msg, Stop):
+            if msg is None:
+                return 0
+            if isinstance(msg, Stop):
+                # What closing frees is the system's again before the slow exit: say so.
+                sink.send(close_and_measure(runtime.close, _weight_file(first.spec)))
                 return 0
             if isinstance(msg, Generate):
                 runtime.submit(msg.job)
@@ -269,6 +277,16 @@ def _serve_generation(channel: BlockingChannel, first: Load, warmed: tuple[str, 
                 sink.send(GenerationCounters(msg.seq, runtime.stats()))
     finally:
         runtime.close()
+
+
+def _weight_file(spec: RuntimeSpec) -> str | None:
+    """The weight file a generative runtime maps (a GGUF file), resolved; else None."""
+    if spec.kind != "llama_cpp":
+        return None
+    try:
+        return str(find_model_file(Path(spec.version_dir), (".gguf",), spec.model_file).resolve())
+    except OSError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> None:
