@@ -24,7 +24,6 @@ import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 
 import msgspec
 
@@ -37,7 +36,6 @@ from modelyard.runtimes import (
     create_runtime,
     prewarm,
 )
-from modelyard.runtimes.base import RuntimeSpec, find_model_file
 from modelyard.runtimes.errors import classify_runtime_error
 from modelyard.runtimes.warmup import make_warmup_inputs
 from modelyard.workers.channel import BlockingChannel, ChannelClosedError, SharedRegion
@@ -267,7 +265,8 @@ def _serve_generation(channel: BlockingChannel, first: Load, warmed: tuple[str, 
                 return 0
             if isinstance(msg, Stop):
                 # What closing frees is the system's again before the slow exit: say so.
-                sink.send(close_and_measure(runtime.close, _weight_file(first.spec)))
+                unmaps = first.spec.kind == "llama_cpp"  # its GGUF file, always mapped
+                sink.send(close_and_measure(runtime.close, unmaps=unmaps))
                 return 0
             if isinstance(msg, Generate):
                 runtime.submit(msg.job)
@@ -277,16 +276,6 @@ def _serve_generation(channel: BlockingChannel, first: Load, warmed: tuple[str, 
                 sink.send(GenerationCounters(msg.seq, runtime.stats()))
     finally:
         runtime.close()
-
-
-def _weight_file(spec: RuntimeSpec) -> str | None:
-    """The weight file a generative runtime maps (a GGUF file), resolved; else None."""
-    if spec.kind != "llama_cpp":
-        return None
-    try:
-        return str(find_model_file(Path(spec.version_dir), (".gguf",), spec.model_file).resolve())
-    except OSError:
-        return None
 
 
 def main(argv: list[str] | None = None) -> None:
