@@ -126,6 +126,23 @@ class MemoryBudget:
                 freed += f.size
         return freed
 
+    def give_back(self, device: str, key: Holder, freed: int, *, unmapped: bool) -> int:
+        """Lower ``key``'s private reservation by ``freed`` bytes (never below zero) and,
+        with ``unmapped``, drop its charges on shared files: a stopping worker has closed
+        its runtime and measured that much memory given back, but has not exited yet
+        (the rest stays reserved until :meth:`release`). Returns the bytes given back.
+        """
+        dev = self.devices[device]
+        before = dev.reserved_bytes
+        if key in dev.reservations:
+            dev.reservations[key] = max(0, dev.reservations[key] - freed)
+        if unmapped:
+            for f, charge in list(dev.shared.items()):
+                charge.users.discard(key)
+                if not charge.users:
+                    del dev.shared[f]
+        return before - dev.reserved_bytes
+
     def reserved(self, device: str, key: Holder) -> int:
         """Bytes releasing ``key`` would give back now (0 if none).
 

@@ -35,7 +35,7 @@ from modelyard.manager.relocate import leave_lost_device, relocate
 from modelyard.manager.start_request import start_request
 from modelyard.manager.states import ModelState, can_transition
 from modelyard.manager.tasks import TaskOwner
-from modelyard.repository.manifest import load_public_key, verify_manifest
+from modelyard.repository.manifest import has_manifest, load_public_key, verify_manifest
 from modelyard.workers.instance import InstanceInfo, ModelInstance
 
 log = logging.getLogger("modelyard.manager")
@@ -205,12 +205,17 @@ class Loader:
             load_timeout_s = record.config.load_timeout_s
             deadline = t0 + load_timeout_s
             try:
-                verified = await asyncio.to_thread(
-                    verify_manifest,
-                    record.path,
-                    public_keys=self._public_keys,
-                    require=self._settings.require_manifest,
-                )
+                if self._settings.require_manifest or has_manifest(record.path):
+                    verified = await asyncio.to_thread(
+                        verify_manifest,
+                        record.path,
+                        public_keys=self._public_keys,
+                        require=self._settings.require_manifest,
+                    )
+                else:
+                    # No manifest to hash: one stat, not a thread hop (1-5 ms on a busy
+                    # machine, on every switch's path).
+                    verified = False
             except ServerError as exc:
                 self.fail(record, str(exc), "verify_failed")
                 return

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from functools import partial
 from typing import Any
 
 from modelyard.clock import Clock, MonotonicClock
@@ -35,6 +36,7 @@ from modelyard.manager.request_log import RequestLog
 from modelyard.manager.states import RESIDENT, ModelState
 from modelyard.manager.tasks import TaskOwner
 from modelyard.protocol.names import check_model_name
+from modelyard.workers.instance import ReleasesEarly
 
 __all__ = ["InstanceFactory", "ModelManager", "default_budget_bytes"]
 
@@ -309,6 +311,8 @@ class ModelManager:
             if self._loader.on_unloaded is not None:
                 self._loader.on_unloaded(record)
             if instance is not None:
+                if isinstance(instance, ReleasesEarly):
+                    instance.set_release_callback(partial(self._released, record))
                 await instance.stop()
         finally:
             self.admission.release(record)
@@ -317,6 +321,18 @@ class ModelManager:
             if instance is not None:
                 record.stats.unloads += 1
                 self.events.add("unloaded", record.key, reason)
+            async with self.admission.changed:
+                self.admission.changed.notify_all()
+
+    async def _released(self, record: ModelRecord, freed: int, unmapped: bool) -> None:
+        """A stopping worker closed its runtime: what that measurably freed leaves the
+        budget now, a load waiting for room may go on; the rest leaves at the exit."""
+        device = record.device
+        if device not in self.admission.budget.devices or self.devices[device].parsed.is_cuda:
+            return  # the bytes measured are the host's, not this device's
+        back = self.admission.budget.give_back(device, record.key, freed, unmapped=unmapped)
+        log.debug("%s gave back %.1f MiB before its worker's exit", record.key, back / 2**20)
+        if back:
             async with self.admission.changed:
                 self.admission.changed.notify_all()
 

@@ -7,7 +7,7 @@ process (``workers/process.py``) is the instance's business.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -67,6 +67,20 @@ class DeferredFootprint(Protocol):
 
 ExitCallback = Callable[[str], None]
 """Called once, with a reason, when an instance dies on its own (crash, OOM kill)."""
+
+ReleaseCallback = Callable[[int, bool], Awaitable[None]]
+"""Awaited during a stop, before the exit, when the worker has closed its runtime:
+``(private bytes given back, weight file unmapped)`` (``workers/release.py``)."""
+
+
+@runtime_checkable
+class ReleasesEarly(Protocol):
+    """An instance whose stop may give memory back before its process has exited."""
+
+    def set_release_callback(self, callback: ReleaseCallback) -> None:
+        """Register what the next :meth:`ModelInstance.stop` calls once the worker has
+        closed its runtime and said what that freed (its exit then frees the rest)."""
+        ...
 
 
 class ModelInstance(Protocol):

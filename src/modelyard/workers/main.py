@@ -53,10 +53,12 @@ from modelyard.workers.messages import (
     InferDone,
     Load,
     Loaded,
+    Released,
     StatsQuery,
     Stop,
     Warm,
 )
+from modelyard.workers.release import close_and_measure
 
 _PR_SET_PDEATHSIG = 1
 _MIB = 1024 * 1024
@@ -202,7 +204,7 @@ class _ChannelSink:
         self._channel = channel
         self._lock = threading.Lock()
 
-    def send(self, msg: Chunk | Failed | GenerationCounters | Loaded) -> None:
+    def send(self, msg: Chunk | Failed | GenerationCounters | Loaded | Released) -> None:
         # A send error means the server went away: the main loop sees the end of stream.
         with self._lock, contextlib.suppress(ChannelClosedError, OSError):
             self._channel.send(msg)
@@ -259,7 +261,12 @@ def _serve_generation(channel: BlockingChannel, first: Load, warmed: tuple[str, 
     try:
         while True:
             msg = channel.recv()
-            if msg is None or isinstance(msg, Stop):
+            if msg is None:
+                return 0
+            if isinstance(msg, Stop):
+                # What closing frees is the system's again before the slow exit: say so.
+                unmaps = first.spec.kind == "llama_cpp"  # its GGUF file, always mapped
+                sink.send(close_and_measure(runtime.close, unmaps=unmaps))
                 return 0
             if isinstance(msg, Generate):
                 runtime.submit(msg.job)

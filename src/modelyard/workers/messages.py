@@ -167,6 +167,19 @@ class Stop(msgspec.Struct, frozen=True, array_like=True, tag="x"):
     seq: int = 0
 
 
+class Released(msgspec.Struct, frozen=True, array_like=True, tag="r"):
+    """Worker → server, after :class:`Stop` and before the exit: the runtime is closed.
+
+    ``anon_bytes``: how far the process's resident anonymous memory fell as it closed
+    (kernel counters, less a margin for their per-CPU drift), i.e. private pages that
+    are the operating system's again now; ``unmapped``: the model's weight file is no
+    longer mapped. The rest of the worker's memory goes at its exit.
+    """
+
+    anon_bytes: int
+    unmapped: bool
+
+
 class ForkServerReady(msgspec.Struct, frozen=True, array_like=True, tag="R"):
     """Fork server → server: imports done; ``threads`` it runs (ideally 1 or ORT's idle one)."""
 
@@ -218,6 +231,7 @@ Message = (
     | GenerationCounters
     | Failed
     | Stop
+    | Released
     | ForkServerReady
     | SpawnWorker
     | WorkerSpawned

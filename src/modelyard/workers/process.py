@@ -46,7 +46,7 @@ from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.runtimes import GENERATIVE_KINDS
 from modelyard.runtimes.base import RuntimeSpec, find_model_file
 from modelyard.runtimes.warmup import make_warmup_inputs
-from modelyard.workers.channel import ChannelClosedError, LoopChannel, SharedRegion, socket_pair
+from modelyard.workers.channel import LoopChannel, SharedRegion, socket_pair
 from modelyard.workers.exits import rebuild_error
 from modelyard.workers.footprint import (
     MemorySample,
@@ -64,7 +64,6 @@ from modelyard.workers.messages import (
     InferDone,
     Load,
     Loaded,
-    Stop,
 )
 from modelyard.workers.worker_link import WorkerLink
 
@@ -338,7 +337,9 @@ class ProcessInstance(WorkerLink):
     async def stop(self) -> None:
         """Ask the worker to exit; SIGKILL after the factory's grace period.
 
-        Returns once the process has gone, its region is unmapped and its cgroup removed.
+        Returns once the process has gone, its region is unmapped and its cgroup removed;
+        the release callback, if set, runs before that if the worker reports what closing
+        its runtime freed (``set_release_callback``).
         """
         if self._stopping:
             return
@@ -346,14 +347,9 @@ class ProcessInstance(WorkerLink):
         self._ready = False
         handle = self._handle
         if handle is not None and not handle.exited.done():
-            if self._channel is not None:
-                with contextlib.suppress(ChannelClosedError):
-                    self._channel.send(Stop())
             try:
                 async with asyncio.timeout(self._factory.config.stop_grace_s):
-                    # Gone, not yet reported: the fork server's report (and the cleanup
-                    # of the limit) follows through the exit callback.
-                    await handle.wait_gone()
+                    await self._stop_and_wait(handle)
             except TimeoutError:
                 await self._kill_and_wait("killed after not exiting within its stop grace")
         watchdog, self._watchdog = self._watchdog, None

@@ -29,9 +29,9 @@ from modelyard.workers.channel import ChannelClosedError, LoopChannel, SharedReg
 from modelyard.workers.exits import describe_exit
 from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.handle import WorkerHandle
-from modelyard.workers.instance import ExitCallback
+from modelyard.workers.instance import ExitCallback, ReleaseCallback
 from modelyard.workers.limits import MemoryLimit
-from modelyard.workers.messages import Message, MessageError
+from modelyard.workers.messages import Message, MessageError, Released, Stop
 from modelyard.workers.streams import GenerationStreams
 
 __all__ = ["WorkerLink"]
@@ -86,6 +86,9 @@ class WorkerLink:
         self._kill_reason: str | None = None
         self._exit_reason: str | None = None
         self._callback_fired = False
+        self._on_released: ReleaseCallback | None = None
+        self._released: asyncio.Future[Released] | None = None
+        """Set when the stopping worker says what closing its runtime freed."""
         self._answers = AnswerGate(factory.answers)
         """This worker's calls waiting for their first answer (counted in the factory's too)."""
         self._streams = GenerationStreams(self._send_now, lambda: next(self._seqs), self._answers)
@@ -173,8 +176,18 @@ class WorkerLink:
 
     # ---------------------------------------------------------------- worker events
 
+    def set_release_callback(self, callback: ReleaseCallback) -> None:
+        """Awaited by the next stop once the worker has closed its runtime (a generative
+        worker sends :class:`Released` then), before the wait for its exit."""
+        self._on_released = callback
+
     def _on_message(self, msg: Message) -> None:
         if self._streams.owns(msg):
+            return
+        if isinstance(msg, Released):
+            released = self._released
+            if released is not None and not released.done():
+                released.set_result(msg)
             return
         seq = getattr(msg, "seq", None)
         if seq is None or seq != self._in_flight:
@@ -248,6 +261,27 @@ class WorkerLink:
             _log.exception("exit callback of model %r failed", self._name)
 
     # ---------------------------------------------------------------- kill, release
+
+    async def _stop_and_wait(self, handle: WorkerHandle) -> None:
+        """Send Stop and wait for the exit; a worker that reports :class:`Released` first
+        has the release callback awaited then, while the kernel tears it down."""
+        callback, self._on_released = self._on_released, None
+        released = self._released = asyncio.get_running_loop().create_future()
+        if self._channel is not None:
+            with contextlib.suppress(ChannelClosedError):
+                self._channel.send(Stop())
+        # Gone, not yet reported: the fork server's report (and the cleanup of the limit)
+        # follows through the exit callback.
+        gone = asyncio.ensure_future(handle.wait_gone())
+        try:
+            if callback is not None:
+                await asyncio.wait([released, gone], return_when=asyncio.FIRST_COMPLETED)
+                if released.done() and not gone.done():
+                    msg = released.result()
+                    await callback(msg.anon_bytes, msg.unmapped)
+            await gone
+        finally:
+            gone.cancel()
 
     async def _kill_and_wait(self, reason: str | None) -> None:
         handle = self._handle
