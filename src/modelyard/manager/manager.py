@@ -125,6 +125,7 @@ class ModelManager:
             evict=self._spawn_evict,
             free_bytes=self._free_bytes_for,
         )
+        self.anticipation.prefetcher.pair(self.admission.policy)  # pre-warmed: evict first
         for cfg in settings.models:
             entry = self.add_model(cfg)
             if not entry.versions:

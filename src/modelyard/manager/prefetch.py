@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from modelyard.config.settings import PrefetchConfig
 from modelyard.errors import ServerError
-from modelyard.manager.eviction import reload_seconds
+from modelyard.manager.eviction import ArrivalCostPolicy, EvictionPolicy, reload_seconds
 from modelyard.manager.prewarm import PrewarmWindows
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.states import ModelState
@@ -209,6 +209,12 @@ class Prefetcher:
         self.histograms = histograms or ArrivalHistograms()
         self.windows = PrewarmWindows()
         """Per-model idle times: models whose pre-warm window is opening (timers)."""
+
+    def pair(self, policy: EvictionPolicy) -> None:
+        """Tell ``policy`` (when it is ``arrival-cost``) which models will be pre-warmed
+        before their next request, so it evicts them first until then."""
+        if self._config.enabled and self._config.prewarm and isinstance(policy, ArrivalCostPolicy):
+            policy.prewarmed = self.windows.ahead
 
     def after(
         self,

@@ -43,8 +43,12 @@ class Window:
 
 @dataclass
 class _Model:
+    name: str
     last: float
     gaps: deque[float]
+    lead_s: float = 0.0
+    window: Window | None = None
+    """The window from the last request (None: the gaps do not agree)."""
 
 
 class PrewarmWindows:
@@ -60,7 +64,7 @@ class PrewarmWindows:
         self,
         *,
         keep: int = 16,
-        min_gaps: int = 4,
+        min_gaps: int = 5,
         spread: float = 1.25,
         max_models: int = 10_000,
     ) -> None:
@@ -81,18 +85,22 @@ class PrewarmWindows:
         self._due.pop(model, None)  # asked for: whatever window was open is over
         if m is None:
             if len(self._models) < self._max_models:
-                self._models[model] = _Model(now, deque(maxlen=self.keep))
+                self._models[model] = _Model(model, now, deque(maxlen=self.keep))
             return
         m.gaps.append(now - m.last)
         m.last = now
-        window = self.window(model)
+        m.lead_s = lead_s
+        m.window = window = self._window(m)
         if window is not None:
             heapq.heappush(self._heap, (window.opens - lead_s, now, model))
 
     def window(self, model: str) -> Window | None:
         """``model``'s next window from its last request, if its gaps agree (else None)."""
         m = self._models.get(model)
-        if m is None or len(m.gaps) < self.min_gaps:
+        return m.window if m is not None else None
+
+    def _window(self, m: _Model) -> Window | None:
+        if len(m.gaps) < self.min_gaps:
             return None
         ordered = sorted(m.gaps)
         head = ordered[int(HEAD * (len(ordered) - 1))]
@@ -101,7 +109,14 @@ class PrewarmWindows:
             return None
         inside = sum(1 for g in ordered if head <= g <= tail)
         probability = inside / (len(ordered) + 1)
-        return Window(model, m.last + head, m.last + tail, probability, len(ordered))
+        return Window(m.name, m.last + head, m.last + tail, probability, len(ordered))
+
+    def ahead(self, model: str, now: float) -> bool:
+        """Whether ``model`` will be pre-warmed before its next request, which is not
+        due before then: evicting it until its pre-warm time costs no cold start (the
+        keep-alive side of the windows: a timer need not stay resident between calls)."""
+        m = self._models.get(model)
+        return m is not None and m.window is not None and now < m.window.opens - m.lead_s
 
     def due(self, now: float) -> list[Window]:
         """Models whose pre-warm time has come and whose window has not closed, soonest
@@ -111,9 +126,8 @@ class PrewarmWindows:
             m = self._models.get(model)
             if m is None or m.last != after:
                 continue  # asked for again since: a newer entry stands for it
-            window = self.window(model)
-            if window is not None:
-                self._due[model] = window
+            if m.window is not None:
+                self._due[model] = m.window
         for model in [m for m, w in self._due.items() if w.closes < now]:
             del self._due[model]  # the window passed without the request
         return sorted(self._due.values(), key=lambda w: w.opens)

@@ -81,6 +81,8 @@ class SimResult:
     """Load seconds prefetching took off requests' waits."""
     displaced: int = 0
     """Evictions made for a prefetch."""
+    prewarms: int = 0
+    """Prefetches from a model's own pre-warm window (the rest follow Markov transitions)."""
 
     def as_row(self) -> dict[str, object]:
         """A flat JSON-ready summary."""
@@ -99,6 +101,7 @@ class SimResult:
             "prefetch_hits": self.prefetch_hits,
             "prefetch_wasted": self.prefetch_wasted,
             "hidden_s": round(self.hidden_s, 3),
+            "prewarms": self.prewarms,
         }
 
 
@@ -354,13 +357,15 @@ def _prefetcher(cache: _Cache, config: PrefetchConfig) -> Prefetcher:
         ]
         return select_victims(cache.policy, protect_hot(idle, hot), missing)
 
-    return Prefetcher(
+    prefetcher = Prefetcher(
         config,
         resolve,
         lambda r: cache.free(),
         lambda r: cache.specs[r.key.name].size_bytes,
         victims=victims,
     )
+    prefetcher.pair(cache.policy)
+    return prefetcher
 
 
 def _prefetch(cache: _Cache, prefetcher: Prefetcher, model: str) -> None:
@@ -375,4 +380,5 @@ def _prefetch(cache: _Cache, prefetcher: Prefetcher, model: str) -> None:
         return  # the plan's victims did not free enough after all
     cache.load(name, cache.now)
     cache.result.prefetches += 1
+    cache.result.prewarms += decision.guess.prewarm
     cache.prefetched[name] = cache.ready_at[name]
