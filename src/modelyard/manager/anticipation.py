@@ -146,12 +146,13 @@ class Anticipation:
         target.stats.prefetches += 1
         target.prefetched_at = self._clock.monotonic()
         displaced = f"; displacing {len(decision.victims)}" if decision.victims else ""
-        self._events.add(
-            "prefetch",
-            target.key,
-            f"after {after.key.name} (p={guess.probability:.2f} over {guess.observations})"
-            f"{displaced}",
+        odds = f"p={guess.probability:.2f} over {guess.observations}"
+        why = (
+            f"pre-warm: its idle-time window opens ({odds} gaps)"
+            if guess.prewarm
+            else f"after {after.key.name} ({odds})"
         )
+        self._events.add("prefetch", target.key, why + displaced)
         target.load_task = self._tasks.spawn(self._prefetch_load(target))
 
     async def _prefetch_load(self, target: ModelRecord) -> None:

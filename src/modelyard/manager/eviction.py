@@ -239,10 +239,6 @@ LOADS_KEPT = 5
 """``arrival-cost`` takes a model's reload time as the fastest of this many last loads."""
 
 
-PREWARMED_VALUE = 0.01
-"""What a model the prefetcher will pre-warm before its next request is worth, relative."""
-
-
 class ArrivalCostPolicy:
     """Fewest expected reload seconds saved per MiB first:
     ``episodes * reload_seconds / size * urgency``.
@@ -282,10 +278,10 @@ class ArrivalCostPolicy:
         self._last: dict[ModelKey, float] = {}
         self._loads: dict[ModelKey, tuple[int, list[float]]] = {}
         """Per model: its load count when last seen, and its last loads' durations."""
-        self.prewarmed: Callable[[str, float], bool] | None = None
-        """Whether the prefetcher will load a model back before its next request (its
-        pre-warm window, :mod:`~modelyard.manager.prewarm`): such a model is worth
-        :data:`PREWARMED_VALUE` of itself until then (set by whoever pairs the two)."""
+        self.prewarm_factor: Callable[[str, float], float] | None = None
+        """Its pre-warm window's say on a model's value (:mod:`~modelyard.manager.prewarm`:
+        little until the prefetcher loads it back, much while its request is due; set
+        by whoever pairs the two)."""
 
     def value(self, record: ModelRecord) -> float:
         """Expected reload seconds per MiB that keeping ``record`` saves (relative)."""
@@ -294,8 +290,8 @@ class ArrivalCostPolicy:
         rate = self.episodes.demand(key, self.now)
         cost = self.reload_s(record) / _size_mib(record)
         cycle = self.time_of_day.factor(key, self.now) if self.time_of_day else 1.0
-        if self.prewarmed is not None and self.prewarmed(key.name, self.now):
-            cycle *= PREWARMED_VALUE
+        if self.prewarm_factor is not None:
+            cycle *= self.prewarm_factor(key.name, self.now)
         return rate * cost * self.gaps.urgency(key, idle) * cycle
 
     def reload_s(self, record: ModelRecord) -> float:

@@ -212,9 +212,9 @@ class Prefetcher:
 
     def pair(self, policy: EvictionPolicy) -> None:
         """Tell ``policy`` (when it is ``arrival-cost``) which models will be pre-warmed
-        before their next request, so it evicts them first until then."""
+        before their next request (evicted first until then, kept while due)."""
         if self._config.enabled and self._config.prewarm and isinstance(policy, ArrivalCostPolicy):
-            policy.prewarmed = self.windows.ahead
+            policy.prewarm_factor = self.windows.factor
 
     def after(
         self,

@@ -29,6 +29,12 @@ TAIL = 0.99
 """... and the one that closes the keep-alive window."""
 
 
+BEFORE = 0.01
+"""What a model that will be pre-warmed is worth before its pre-warm time, relative."""
+DURING = 100.0
+"""... and from its pre-warm time to the end of its window."""
+
+
 @dataclass(frozen=True, slots=True)
 class Window:
     """When a model is expected next: between ``opens`` and ``closes`` (absolute times)."""
@@ -117,6 +123,16 @@ class PrewarmWindows:
         keep-alive side of the windows: a timer need not stay resident between calls)."""
         m = self._models.get(model)
         return m is not None and m.window is not None and now < m.window.opens - m.lead_s
+
+    def factor(self, model: str, now: float) -> float:
+        """What keeping ``model`` resident is worth at ``now``, relative to what its rate
+        says: :data:`BEFORE` until its pre-warm time (it will be loaded back in time),
+        :data:`DURING` from then until its window closes (its request is imminent: a
+        pre-warmed model evicted before it is a wasted load), 1 otherwise."""
+        m = self._models.get(model)
+        if m is None or m.window is None or now > m.window.closes:
+            return 1.0
+        return BEFORE if now < m.window.opens - m.lead_s else DURING
 
     def due(self, now: float) -> list[Window]:
         """Models whose pre-warm time has come and whose window has not closed, soonest
