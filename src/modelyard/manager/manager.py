@@ -88,7 +88,9 @@ class ModelManager:
             demand=self.demand,
             hot_fraction=0.1 if settings.protect_hot else 0.0,
         )
-        self.demand.scale = demand_scale(self.admission.policy)  # the hot rule's time of day
+        self.demand.scale = demand_scale(
+            self.admission.policy, self.demand
+        )  # the hot rule's time of day
         self.placer = Placer(self.devices, self.admission, self.events)
         self._loader = Loader(
             settings,

@@ -137,7 +137,7 @@ class _Cache:
         self.hot_fraction = hot_fraction
         self.service_s = service_s
         self.demand = DemandTracker(half_life_s)
-        self.demand.scale = demand_scale(policy)
+        self.demand.scale = demand_scale(policy, self.demand)
         self.records: dict[str, ModelRecord] = {}
         for name, spec in self.specs.items():
             r = ModelRecord(
