@@ -233,6 +233,7 @@ class ModelManager:
         that stops the start (``exit_on_error``). Those models stay listed as FAILED.
         """
         self.scaler.start()
+        self.anticipation.start()
         problems = [
             f"{self.registry.field(e, 'path')}: {self.missing_reason(e)}"
             for e in self.entries.values()

@@ -246,6 +246,16 @@ class Prefetcher:
             decision = self._prewarm(now, also_needed, turnover_s) or decision
         return decision
 
+    def tick(
+        self, now: float, *, turnover_s: Callable[[], float] | None = None
+    ) -> PrefetchDecision | None:
+        """A model whose pre-warm window is opening, with no request to follow: a quiet
+        server (a timer's model is due whether or not anything else is asked for)."""
+        cfg = self._config
+        if not (cfg.enabled and cfg.prewarm):
+            return None
+        return self._prewarm(now, 0, turnover_s)
+
     def _lead_s(self, model: str) -> float:
         """How long before its window a model is pre-warmed: its load, twice, and a
         second (a load may queue for a slot behind others)."""

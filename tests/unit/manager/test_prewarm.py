@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -161,3 +163,36 @@ async def test_the_manager_prewarms_a_timer_and_counts_the_hit(tmp_path: Path) -
     manager.touch(a)
     assert a.stats.prefetch_hits == 1
     await manager.close()
+
+
+async def test_a_quiet_server_prewarms_a_timer_on_its_own(tmp_path: Path) -> None:
+    (tmp_path / "a" / "1").mkdir(parents=True)
+    (tmp_path / "a" / "1" / "model.onnx").write_bytes(b"x" * 4096)
+    settings = ServerSettings(
+        model_repository=str(tmp_path),
+        devices=[DeviceConfig(name="cpu", memory_budget_mb=100)],
+        models=[ModelConfig(name="a", path="a", memory_mb=40)],
+    )
+    clock = FakeClock()
+    manager = ModelManager(settings, lambda config: FakeInstance(40 * MIB), clock=clock)
+    manager.anticipation.tick_s = 0.01
+    await manager.start()
+    a = manager.resolve("a", None)
+    await manager.ensure_ready(a, deadline=None)
+    for k in range(6):  # a timer every 10 s, the only traffic there is
+        if k:
+            clock.advance(10)
+        manager.touch(a)
+    await manager.evict(a, reason="test")
+    clock.advance(9.5)  # nothing else is asked for: the tick alone finds it due
+    await _until(lambda: a.is_ready)
+    assert a.stats.prefetches == 1
+    await manager.close()
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    async def poll() -> None:
+        while not check():
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(poll(), 5.0)
