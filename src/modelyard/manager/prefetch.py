@@ -240,7 +240,7 @@ class Prefetcher:
         self.predictor.observe(model)
         self.histograms.observe(model, now)
         if cfg.prewarm:
-            self.windows.observe(model, now, self._lead_s(model))
+            self.windows.observe(model, now, self._lead_s)
         decision = self._markov(model, now, also_needed, turnover_s)
         if cfg.prewarm and (decision is None or not decision.load):
             decision = self._prewarm(now, also_needed, turnover_s) or decision

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 HEAD = 0.05
@@ -85,8 +86,11 @@ class PrewarmWindows:
         """(due at, the request it was scheduled after, model): lazily invalidated."""
         self._due: dict[str, Window] = {}
 
-    def observe(self, model: str, now: float, lead_s: float = 0.0) -> None:
-        """Record a request for ``model`` at ``now``; schedule its next pre-warm."""
+    def observe(self, model: str, now: float, lead_s: float | Callable[[str], float] = 0.0) -> None:
+        """Record a request for ``model`` at ``now``; schedule its next pre-warm.
+
+        ``lead_s`` may be a function of the model, asked only when a window opens (the
+        prefetcher's looks the model up; most requests need no lead at all)."""
         m = self._models.get(model)
         self._due.pop(model, None)  # asked for: whatever window was open is over
         if m is None:
@@ -95,10 +99,10 @@ class PrewarmWindows:
             return
         m.gaps.append(now - m.last)
         m.last = now
-        m.lead_s = lead_s
         m.window = window = self._window(m)
         if window is not None:
-            heapq.heappush(self._heap, (window.opens - lead_s, now, model))
+            m.lead_s = lead_s(model) if callable(lead_s) else lead_s
+            heapq.heappush(self._heap, (window.opens - m.lead_s, now, model))
 
     def window(self, model: str) -> Window | None:
         """``model``'s next window from its last request, if its gaps agree (else None)."""
