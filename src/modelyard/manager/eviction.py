@@ -12,10 +12,12 @@ requests queued, running or routed to it), and less important before more import
 - ``gdsf-decay``: GDSF whose frequency is an exponentially decayed request rate, so a
   model that was popular an hour ago does not outrank one popular now.
 - ``arrival-cost``: the fewest expected reload seconds saved per MiB (see
-  :class:`ArrivalCostPolicy`): request *episodes* decayed over half an hour, times reload
-  seconds per MiB, times how due the model is (:mod:`modelyard.manager.gap_histogram`).
-- ``belady``: Belady's MIN, the offline optimum for equal sizes (the model used furthest
-  in the future leaves first): only the simulator (:mod:`modelyard.simulation`) runs it.
+  :class:`ArrivalCostPolicy`): request *episodes* (a burst counts once) decayed over
+  half an hour, times reload seconds per MiB, times how due the model is by its own
+  gap histogram (:mod:`modelyard.manager.gap_histogram`).
+- ``belady``: Belady's MIN, the offline optimum for equal sizes: the model used
+  furthest in the future leaves first. It needs the future, so only the simulator
+  (:mod:`modelyard.simulation`) can run it; it bounds what any online policy can do.
 
 :class:`DemandTracker` keeps the decayed request rate per model that ``gdsf-decay`` and
 admission's hot-model rule read (see docs/caching.md).
@@ -76,16 +78,11 @@ class DemandTracker:
         self.scale: Callable[[Hashable, float], float] | None = None
         """What :meth:`hot` multiplies demand by unless told otherwise (the policy's
         time of day: :func:`demand_scale`, set by whoever pairs the two)."""
-        self.correlated_s = 0.0  # requests this close count as one (see demand_scale)
         self._rate = math.log(2) / half_life_s
         self._demand: dict[Hashable, tuple[float, float]] = {}
-        self._last: dict[Hashable, float] = {}
 
     def observe(self, key: Hashable, now: float, weight: float = 1.0) -> None:
         """Count one request for ``key`` at ``now``."""
-        last, self._last[key] = self._last.get(key), now
-        if last is not None and self.correlated_s > 0:
-            weight *= min(1.0, max(0.0, now - last) / self.correlated_s)
         self._demand[key] = (self.demand(key, now) + weight, now)
 
     def demand(self, key: Hashable, now: float) -> float:
@@ -96,7 +93,6 @@ class DemandTracker:
     def forget(self, key: Hashable) -> None:
         """Drop ``key`` (removed from the repository)."""
         self._demand.pop(key, None)
-        self._last.pop(key, None)
 
     def hot(
         self,
@@ -239,7 +235,6 @@ RATE_HALF_LIFE_S = 1800.0
 """``arrival-cost``'s memory: an episode counts half as much after half an hour."""
 CORRELATED_S = 1.0
 """Requests closer together than this are one episode (a burst pays one cold start)."""
-HOT_CORRELATED_S = 0.2  # ... and with arrival-cost, the hot rule's (demand_scale)
 LOADS_KEPT = 5
 """``arrival-cost`` takes a model's reload time as the fastest of this many last loads."""
 
@@ -384,20 +379,14 @@ def make_policy(
     raise ValueError(f"unknown eviction policy {name!r}")
 
 
-def demand_scale(
-    policy: EvictionPolicy, demand: DemandTracker | None = None
-) -> Callable[[Hashable, float], float] | None:
+def demand_scale(policy: EvictionPolicy) -> Callable[[Hashable, float], float] | None:
     """What the hot-model rule multiplies recent demand by for ``policy``: its time of
     day's factor, if it keeps one. At dusk the day's favourites still have the highest
     decayed demand for minutes; ranked as they are, they would hold up to half the
-    budget the night's models need (the diurnal trace, issue 16). For ``arrival-cost``
-    ``demand`` counts requests :data:`HOT_CORRELATED_S` apart as one (a burst's model
-    held the hot set for minutes on the bursty trace)."""
-    if not isinstance(policy, ArrivalCostPolicy):
-        return None
-    if demand is not None:
-        demand.correlated_s = HOT_CORRELATED_S
-    return policy.time_of_day.factor if policy.time_of_day is not None else None
+    budget the night's models need (the diurnal trace, issue 16)."""
+    if isinstance(policy, ArrivalCostPolicy) and policy.time_of_day is not None:
+        return policy.time_of_day.factor
+    return None
 
 
 def cap_hot(

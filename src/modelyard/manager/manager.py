@@ -23,6 +23,7 @@ from modelyard.manager.admission import Admission
 from modelyard.manager.anticipation import Anticipation
 from modelyard.manager.budget import MemoryBudget, SharedFile
 from modelyard.manager.devices import DeviceTable, default_budget_bytes
+from modelyard.manager.episodes import hot_weights
 from modelyard.manager.events import EventLog
 from modelyard.manager.eviction import DemandTracker, EvictionPolicy, demand_scale, make_policy
 from modelyard.manager.loader import InstanceFactory, Loader
@@ -88,9 +89,8 @@ class ModelManager:
             demand=self.demand,
             hot_fraction=0.1 if settings.protect_hot else 0.0,
         )
-        self.demand.scale = demand_scale(
-            self.admission.policy, self.demand
-        )  # the hot rule's time of day
+        self.demand.scale = demand_scale(self.admission.policy)  # the hot rule's time of day
+        self._hot_weight = hot_weights(self.admission.policy)  # ... and its bursts (episodes)
         self.placer = Placer(self.devices, self.admission, self.events)
         self._loader = Loader(
             settings,
@@ -397,6 +397,7 @@ class ModelManager:
         now = self.clock.monotonic()
         record.stats.last_used = now
         record.stats.requests += 1
-        self.demand.observe(record.key, now)
+        weight = self._hot_weight(record.key, now) if self._hot_weight else 1.0
+        self.demand.observe(record.key, now, weight)
         self.policy.on_request(record, now)
         self.anticipation.after_request(record, now)

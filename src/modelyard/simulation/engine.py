@@ -30,6 +30,7 @@ from pathlib import Path
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import PrefetchConfig
 from modelyard.errors import ModelNotFoundError
+from modelyard.manager.episodes import hot_weights
 from modelyard.manager.eviction import (
     DEFAULT_HALF_LIFE_S,
     HOT_BUDGET_SHARE,
@@ -137,7 +138,8 @@ class _Cache:
         self.hot_fraction = hot_fraction
         self.service_s = service_s
         self.demand = DemandTracker(half_life_s)
-        self.demand.scale = demand_scale(policy, self.demand)
+        self.demand.scale = demand_scale(policy)
+        self.hot_weight = hot_weights(policy)
         self.records: dict[str, ModelRecord] = {}
         for name, spec in self.specs.items():
             r = ModelRecord(
@@ -243,7 +245,8 @@ class _Cache:
         res.requests += 1
         r.stats.requests += 1
         r.stats.last_used = self.now
-        self.demand.observe(r.key, self.now)
+        weight = self.hot_weight(r.key, self.now) if self.hot_weight else 1.0
+        self.demand.observe(r.key, self.now, weight)
         self.policy.on_request(r, self.now)
         if self.resident(name):
             wait = max(0.0, self.ready_at[name] - self.now)
