@@ -12,6 +12,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Coroutine
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ log = logging.getLogger("modelyard.manager")
 _MIB = 1024 * 1024
 # A predicted model's files are read into the page cache at most once in this long.
 PAGE_CACHE_EVERY_S = 30.0
+PREWARM_TICK_S = 1.0
+"""How often opening pre-warm windows are looked for besides after each request."""
 
 
 class Anticipation:
@@ -71,6 +74,7 @@ class Anticipation:
             admission.estimate_bytes,
             victims=self.victims,
         )
+        self.tick_s = PREWARM_TICK_S
         self.request_log: RequestLog | None = None
         if settings.request_log.path:
             try:
@@ -112,6 +116,19 @@ class Anticipation:
         if decision is not None:
             self._act(record, decision)
 
+    def start(self) -> None:
+        """Look for opening pre-warm windows every :attr:`tick_s`, requests or not."""
+        if self._settings.prefetch.enabled and self._settings.prefetch.prewarm:
+            self._tasks.spawn(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            now = self._clock.monotonic()
+            decision = self.prefetcher.tick(now, turnover_s=partial(self._turnover_s, now))
+            if decision is not None:
+                self._act(None, decision)
+
     def _turnover_s(self, now: float) -> float:
         """The longest idle time among resident models: how long idleness survives now."""
         idle = [
@@ -136,7 +153,7 @@ class Anticipation:
         ]
         return select_victims(self._admission.policy, idle, missing)
 
-    def _act(self, after: ModelRecord, decision: PrefetchDecision) -> None:
+    def _act(self, after: ModelRecord | None, decision: PrefetchDecision) -> None:
         target, guess = decision.target, decision.guess
         if not decision.load:
             self.warm_page_cache(target)
@@ -146,12 +163,13 @@ class Anticipation:
         target.stats.prefetches += 1
         target.prefetched_at = self._clock.monotonic()
         displaced = f"; displacing {len(decision.victims)}" if decision.victims else ""
-        self._events.add(
-            "prefetch",
-            target.key,
-            f"after {after.key.name} (p={guess.probability:.2f} over {guess.observations})"
-            f"{displaced}",
+        odds = f"p={guess.probability:.2f} over {guess.observations}"
+        why = (
+            f"pre-warm: its idle-time window opens ({odds} gaps)"
+            if guess.prewarm
+            else f"after {after.key.name if after else '?'} ({odds})"
         )
+        self._events.add("prefetch", target.key, why + displaced)
         target.load_task = self._tasks.spawn(self._prefetch_load(target))
 
     async def _prefetch_load(self, target: ModelRecord) -> None:

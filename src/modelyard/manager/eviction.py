@@ -221,6 +221,10 @@ class ArrivalCostPolicy:
         self._last: dict[ModelKey, float] = {}
         self._loads: dict[ModelKey, tuple[int, list[float]]] = {}
         """Per model: its load count when last seen, and its last loads' durations."""
+        self.prewarm_factor: Callable[[str, float], float] | None = None
+        """Its pre-warm window's say on a model's value (:mod:`~modelyard.manager.prewarm`:
+        little until the prefetcher loads it back, much while its request is due; set
+        by whoever pairs the two)."""
 
     def value(self, record: ModelRecord) -> float:
         """Expected reload seconds per MiB that keeping ``record`` saves (relative)."""
@@ -229,6 +233,8 @@ class ArrivalCostPolicy:
         rate = self.episodes.demand(key, self.now)
         cost = self.reload_s(record) / _size_mib(record)
         cycle = self.time_of_day.factor(key, self.now) if self.time_of_day else 1.0
+        if self.prewarm_factor is not None:
+            cycle *= self.prewarm_factor(key.name, self.now)
         return rate * cost * self.gaps.urgency(key, idle) * cycle
 
     def reload_s(self, record: ModelRecord) -> float:

@@ -24,6 +24,7 @@ from modelyard.manager.admission import Admission
 from modelyard.manager.anticipation import Anticipation
 from modelyard.manager.budget import MemoryBudget, SharedFile
 from modelyard.manager.devices import DeviceTable, default_budget_bytes
+from modelyard.manager.episodes import hot_weights
 from modelyard.manager.events import EventLog
 from modelyard.manager.eviction import DemandTracker, EvictionPolicy, demand_scale, make_policy
 from modelyard.manager.loader import InstanceFactory, Loader
@@ -91,6 +92,7 @@ class ModelManager:
             hot_fraction=0.1 if settings.protect_hot else 0.0,
         )
         self.demand.scale = demand_scale(self.admission.policy)  # the hot rule's time of day
+        self._hot_weight = hot_weights(self.admission.policy)  # ... and its bursts (episodes)
         self.placer = Placer(self.devices, self.admission, self.events)
         self._loader = Loader(
             settings,
@@ -127,6 +129,7 @@ class ModelManager:
             evict=self._spawn_evict,
             free_bytes=self._free_bytes_for,
         )
+        self.anticipation.prefetcher.pair(self.admission.policy)  # pre-warmed: evict first
         for cfg in settings.models:
             entry = self.add_model(cfg)
             if not entry.versions:
@@ -232,6 +235,7 @@ class ModelManager:
         that stops the start (``exit_on_error``). Those models stay listed as FAILED.
         """
         self.scaler.start()
+        self.anticipation.start()
         problems = [
             f"{self.registry.field(e, 'path')}: {self.missing_reason(e)}"
             for e in self.entries.values()
@@ -409,6 +413,7 @@ class ModelManager:
         now = self.clock.monotonic()
         record.stats.last_used = now
         record.stats.requests += 1
-        self.demand.observe(record.key, now)
+        weight = self._hot_weight(record.key, now) if self._hot_weight else 1.0
+        self.demand.observe(record.key, now, weight)
         self.policy.on_request(record, now)
         self.anticipation.after_request(record, now)

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 from modelyard.config.settings import PrefetchConfig
 from modelyard.errors import ServerError
-from modelyard.manager.eviction import reload_seconds
+from modelyard.manager.eviction import ArrivalCostPolicy, EvictionPolicy, reload_seconds
+from modelyard.manager.prewarm import PrewarmWindows
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.states import ModelState
 
@@ -41,6 +42,8 @@ class Prediction:
     sole: bool = False
     """The only successor its source has had, and such sole successors have lately
     proved right (see :meth:`MarkovPredictor.sole_reliable`)."""
+    prewarm: bool = False
+    """From the model's own idle times (its pre-warm window is opening), not a transition."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,11 @@ class PrefetchDecision:
     load: bool = True
     """False: it cannot be loaded now; only warm its files in the page cache."""
 
+
+PREWARM_LOAD_FACTOR = 2.0
+PREWARM_MARGIN_S = 1.0
+"""A model is pre-warmed its load time times the factor, plus the margin, before its
+window opens (a load may queue behind others for a slot)."""
 
 SOLE_TRACK = 50
 """How many recent tests of sole successors :meth:`MarkovPredictor.sole_reliable` weighs."""
@@ -199,6 +207,14 @@ class Prefetcher:
         self.predictor = predictor or MarkovPredictor()
         self.predictor.sole_threshold = config.min_probability
         self.histograms = histograms or ArrivalHistograms()
+        self.windows = PrewarmWindows()
+        """Per-model idle times: models whose pre-warm window is opening (timers)."""
+
+    def pair(self, policy: EvictionPolicy) -> None:
+        """Tell ``policy`` (when it is ``arrival-cost``) which models will be pre-warmed
+        before their next request (evicted first until then, kept while due)."""
+        if self._config.enabled and self._config.prewarm and isinstance(policy, ArrivalCostPolicy):
+            policy.prewarm_factor = self.windows.factor
 
     def after(
         self,
@@ -223,6 +239,40 @@ class Prefetcher:
             return None
         self.predictor.observe(model)
         self.histograms.observe(model, now)
+        if cfg.prewarm:
+            self.windows.observe(model, now, self._lead_s)
+        decision = self._markov(model, now, also_needed, turnover_s)
+        if cfg.prewarm and (decision is None or not decision.load):
+            decision = self._prewarm(now, also_needed, turnover_s) or decision
+        return decision
+
+    def tick(
+        self, now: float, *, turnover_s: Callable[[], float] | None = None
+    ) -> PrefetchDecision | None:
+        """A model whose pre-warm window is opening, with no request to follow: a quiet
+        server (a timer's model is due whether or not anything else is asked for)."""
+        cfg = self._config
+        if not (cfg.enabled and cfg.prewarm):
+            return None
+        return self._prewarm(now, 0, turnover_s)
+
+    def _lead_s(self, model: str) -> float:
+        """How long before its window a model is pre-warmed: its load, twice, and a
+        second (a load may queue for a slot behind others)."""
+        try:
+            record = self._resolve(model)
+        except ServerError:
+            return PREWARM_MARGIN_S
+        return PREWARM_LOAD_FACTOR * reload_seconds(record) + PREWARM_MARGIN_S
+
+    def _markov(
+        self,
+        model: str,
+        now: float,
+        also_needed: int,
+        turnover_s: Callable[[], float] | None,
+    ) -> PrefetchDecision | None:
+        cfg = self._config
         guess = self.predictor.predict(model)
         if (
             guess is None
@@ -239,6 +289,45 @@ class Prefetcher:
             target = self._resolve(guess.model)
         except ServerError:
             return None  # not (or no longer) in the repository, or no version to serve
+        return self._decide(target, guess, now, also_needed, turnover_s)
+
+    def _prewarm(
+        self,
+        now: float,
+        also_needed: int,
+        turnover_s: Callable[[], float] | None,
+    ) -> PrefetchDecision | None:
+        """The first model whose pre-warm window is opening that is worth loading now."""
+        for window in self.windows.due(now):
+            if window.probability < self._config.min_probability:
+                continue
+            try:
+                target = self._resolve(window.model)
+            except ServerError:
+                self.windows.done(window.model)
+                continue
+            loading = target.load_task is not None and not target.load_task.done()
+            if target.state is not ModelState.UNLOADED or loading:
+                self.windows.done(window.model)  # resident or loading already
+                continue
+            guess = Prediction(window.model, window.probability, window.gaps, prewarm=True)
+            decision = self._decide(target, guess, now, also_needed, turnover_s)
+            if decision is not None and decision.load:
+                self.windows.done(window.model)
+                return decision
+        return None
+
+    def _decide(
+        self,
+        target: ModelRecord,
+        guess: Prediction,
+        now: float,
+        also_needed: int,
+        turnover_s: Callable[[], float] | None,
+    ) -> PrefetchDecision | None:
+        """Load ``target`` into free budget, displace victims worth less, or only warm its
+        files (None: it is resident or loading already)."""
+        cfg = self._config
         if target.state is not ModelState.UNLOADED or (
             target.load_task is not None and not target.load_task.done()
         ):

@@ -30,6 +30,7 @@ from pathlib import Path
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import PrefetchConfig
 from modelyard.errors import ModelNotFoundError
+from modelyard.manager.episodes import hot_weights
 from modelyard.manager.eviction import (
     DEFAULT_HALF_LIFE_S,
     HOT_BUDGET_SHARE,
@@ -81,6 +82,8 @@ class SimResult:
     """Load seconds prefetching took off requests' waits."""
     displaced: int = 0
     """Evictions made for a prefetch."""
+    prewarms: int = 0
+    """Prefetches from a model's own pre-warm window (the rest follow Markov transitions)."""
 
     def as_row(self) -> dict[str, object]:
         """A flat JSON-ready summary."""
@@ -99,6 +102,7 @@ class SimResult:
             "prefetch_hits": self.prefetch_hits,
             "prefetch_wasted": self.prefetch_wasted,
             "hidden_s": round(self.hidden_s, 3),
+            "prewarms": self.prewarms,
         }
 
 
@@ -135,6 +139,7 @@ class _Cache:
         self.service_s = service_s
         self.demand = DemandTracker(half_life_s)
         self.demand.scale = demand_scale(policy)
+        self.hot_weight = hot_weights(policy)
         self.records: dict[str, ModelRecord] = {}
         for name, spec in self.specs.items():
             r = ModelRecord(
@@ -240,7 +245,8 @@ class _Cache:
         res.requests += 1
         r.stats.requests += 1
         r.stats.last_used = self.now
-        self.demand.observe(r.key, self.now)
+        weight = self.hot_weight(r.key, self.now) if self.hot_weight else 1.0
+        self.demand.observe(r.key, self.now, weight)
         self.policy.on_request(r, self.now)
         if self.resident(name):
             wait = max(0.0, self.ready_at[name] - self.now)
@@ -354,13 +360,15 @@ def _prefetcher(cache: _Cache, config: PrefetchConfig) -> Prefetcher:
         ]
         return select_victims(cache.policy, protect_hot(idle, hot), missing)
 
-    return Prefetcher(
+    prefetcher = Prefetcher(
         config,
         resolve,
         lambda r: cache.free(),
         lambda r: cache.specs[r.key.name].size_bytes,
         victims=victims,
     )
+    prefetcher.pair(cache.policy)
+    return prefetcher
 
 
 def _prefetch(cache: _Cache, prefetcher: Prefetcher, model: str) -> None:
@@ -375,4 +383,5 @@ def _prefetch(cache: _Cache, prefetcher: Prefetcher, model: str) -> None:
         return  # the plan's victims did not free enough after all
     cache.load(name, cache.now)
     cache.result.prefetches += 1
+    cache.result.prewarms += decision.guess.prewarm
     cache.prefetched[name] = cache.ready_at[name]

@@ -1,0 +1,198 @@
+"""Pre-warm windows from per-model idle times, and the prefetcher acting on them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from modelyard.config.model_config import ModelConfig
+from modelyard.config.settings import DeviceConfig, PrefetchConfig, ServerSettings
+from modelyard.errors import ModelNotFoundError
+from modelyard.manager.eviction import ArrivalCostPolicy
+from modelyard.manager.manager import ModelManager
+from modelyard.manager.prefetch import Prefetcher
+from modelyard.manager.prewarm import PrewarmWindows
+from modelyard.manager.records import ModelKey, ModelRecord
+from tests.fakes.clock import FakeClock
+from tests.fakes.instance import FakeInstance
+
+MIB = 1024 * 1024
+
+
+def _observe(windows: PrewarmWindows, model: str, times: list[float], lead_s: float) -> None:
+    for t in times:
+        windows.observe(model, t, lead_s)
+
+
+def test_a_timers_window_opens_at_its_shortest_gap_and_is_due_lead_seconds_before() -> None:
+    w = PrewarmWindows()
+    # Gaps of 98-102 s: the window after the request at 500 is 598 to 602.
+    _observe(w, "t", [0.0, 100.0, 198.0, 300.0, 399.0, 500.0], lead_s=3.0)
+    window = w.window("t")
+    assert window is not None
+    assert (window.opens, window.closes) == (598.0, 602.0)
+    assert window.probability == pytest.approx(5 / 6)
+    assert w.due(594.9) == []
+    assert [d.model for d in w.due(595.0)] == ["t"]
+    assert [d.model for d in w.due(601.0)] == ["t"], "due until asked for or closed"
+    w.observe("t", 601.0, 3.0)
+    assert w.due(601.0) == [], "asked for: the window is over"
+
+
+def test_a_window_is_dropped_once_it_closes_without_the_request() -> None:
+    w = PrewarmWindows()
+    _observe(w, "t", [0.0, 10.0, 20.0, 30.0, 40.0, 50.0], lead_s=1.0)
+    assert [d.model for d in w.due(59.5)] == ["t"]
+    assert w.due(60.5) == []
+
+
+def test_gaps_that_disagree_open_no_window() -> None:
+    w = PrewarmWindows()
+    # Memoryless-looking gaps (1, 7, 3, 20, 2 s): nothing can be said about the next one.
+    _observe(w, "r", [0.0, 1.0, 8.0, 11.0, 31.0, 33.0], lead_s=1.0)
+    assert w.window("r") is None
+    assert w.due(1_000.0) == []
+    assert not w.ahead("r", 34.0)
+
+
+def test_too_few_gaps_open_no_window() -> None:
+    w = PrewarmWindows()
+    _observe(w, "t", [0.0, 10.0, 20.0, 30.0, 40.0], lead_s=1.0)  # four gaps; five needed
+    assert w.window("t") is None
+
+
+def test_a_timer_is_ahead_of_its_prewarm_until_its_prewarm_time() -> None:
+    w = PrewarmWindows()
+    _observe(w, "t", [0.0, 10.0, 20.0, 30.0, 40.0, 50.0], lead_s=2.0)
+    assert w.ahead("t", 51.0)
+    assert w.ahead("t", 57.9)
+    assert not w.ahead("t", 58.0), "from its pre-warm time on, evicting it costs a load"
+    assert not w.ahead("unknown", 51.0)
+
+
+def _prefetcher(free: int) -> tuple[Prefetcher, ModelRecord]:
+    t = ModelRecord(ModelKey("t", "1"), ModelConfig(name="t", path="t"), Path("t/1"))
+    t.timings.total_s = 0.5
+
+    def resolve(name: str) -> ModelRecord:
+        if name != "t":
+            raise ModelNotFoundError(f"model {name!r} is not in the repository")
+        return t
+
+    return Prefetcher(PrefetchConfig(), resolve, lambda r: free, lambda r: 10), t
+
+
+def test_the_prefetcher_loads_a_timer_just_before_its_window() -> None:
+    prefetcher, t = _prefetcher(free=100)
+    for k in range(6):
+        assert prefetcher.after("t", 60.0 * k) is None
+    # Lead: twice its 0.5 s load plus a second, so due from 358 s (window opens at 360).
+    assert prefetcher.after("other", 357.9) is None
+    decision = prefetcher.after("other", 358.0)
+    assert decision is not None
+    assert decision.load
+    assert decision.target is t
+    assert decision.guess.prewarm
+    assert decision.guess.probability == pytest.approx(5 / 6)
+    assert prefetcher.after("other", 358.5) is None, "acted on once per window"
+
+
+def test_without_prewarm_a_timer_is_not_loaded_ahead() -> None:
+    t = ModelRecord(ModelKey("t", "1"), ModelConfig(name="t", path="t"), Path("t/1"))
+    prefetcher = Prefetcher(PrefetchConfig(prewarm=False), lambda n: t, lambda r: 100, lambda r: 10)
+    for k in range(6):
+        prefetcher.after("t", 60.0 * k)
+    assert prefetcher.after("other", 359.0) is None
+
+
+def test_arrival_cost_evicts_a_model_that_will_be_prewarmed_first() -> None:
+    policy = ArrivalCostPolicy(period_s=None)
+    timer, steady = (
+        ModelRecord(ModelKey(n, "1"), ModelConfig(name=n, path=n), Path(n)) for n in ("t", "s")
+    )
+    for r in (timer, steady):
+        r.timings.total_s = 0.5
+    # The timer is asked for every 60 s, the steady model every 120 s: the timer is
+    # worth more, until the prefetcher says it will load it back before its next call.
+    for k in range(7):
+        policy.on_request(timer, 60.0 * k)
+        if k % 2 == 0:
+            policy.on_request(steady, 60.0 * k)
+    assert policy.order([timer, steady]) == [steady, timer]
+    prefetcher, _ = _prefetcher(free=0)
+    for k in range(7):
+        prefetcher.after("t", 60.0 * k)
+    prefetcher.pair(policy)
+    assert policy.order([timer, steady]) == [timer, steady]
+
+
+async def test_the_manager_prewarms_a_timer_and_counts_the_hit(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.onnx").write_bytes(b"x" * 4096)
+    settings = ServerSettings(
+        model_repository=str(tmp_path),
+        devices=[DeviceConfig(name="cpu", memory_budget_mb=100)],
+        models=[ModelConfig(name=n, path=n, memory_mb=40) for n in ("a", "b")],
+        eviction_policy="arrival-cost",
+    )
+    clock = FakeClock()
+    manager = ModelManager(settings, lambda config: FakeInstance(40 * MIB), clock=clock)
+    a, b = (manager.resolve(n, None) for n in ("a", "b"))
+    policy = manager.admission.policy
+    assert isinstance(policy, ArrivalCostPolicy)
+    assert policy.prewarm_factor is not None
+    await manager.ensure_ready(a, deadline=None)
+    for _ in range(6):  # a timer: every 10 s
+        manager.touch(a)
+        clock.advance(10)
+    clock.advance(-10)  # the sixth call was at 50 s; the window opens at 60 s
+    await manager.evict(a, reason="test")
+    clock.advance(8.5)  # due from about 59 s (a second plus twice its load before)
+    manager.touch(b)
+    assert a.stats.prefetches == 0
+    clock.advance(0.6)
+    manager.touch(b)
+    assert a.stats.prefetches == 1
+    events = [e for e in manager.events.recent() if e.kind == "prefetch"]
+    assert "pre-warm" in events[-1].message
+    clock.advance(0.9)
+    manager.touch(a)
+    assert a.stats.prefetch_hits == 1
+    await manager.close()
+
+
+async def test_a_quiet_server_prewarms_a_timer_on_its_own(tmp_path: Path) -> None:
+    (tmp_path / "a" / "1").mkdir(parents=True)
+    (tmp_path / "a" / "1" / "model.onnx").write_bytes(b"x" * 4096)
+    settings = ServerSettings(
+        model_repository=str(tmp_path),
+        devices=[DeviceConfig(name="cpu", memory_budget_mb=100)],
+        models=[ModelConfig(name="a", path="a", memory_mb=40)],
+    )
+    clock = FakeClock()
+    manager = ModelManager(settings, lambda config: FakeInstance(40 * MIB), clock=clock)
+    manager.anticipation.tick_s = 0.01
+    await manager.start()
+    a = manager.resolve("a", None)
+    await manager.ensure_ready(a, deadline=None)
+    for k in range(6):  # a timer every 10 s, the only traffic there is
+        if k:
+            clock.advance(10)
+        manager.touch(a)
+    await manager.evict(a, reason="test")
+    clock.advance(9.5)  # nothing else is asked for: the tick alone finds it due
+    await _until(lambda: a.is_ready)
+    assert a.stats.prefetches == 1
+    await manager.close()
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    async def poll() -> None:
+        while not check():
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(poll(), 5.0)
