@@ -84,3 +84,45 @@ async def test_shortcut_decides_as_the_estimate_does() -> None:
     # The draw reaches both outcomes often, so the comparison means something.
     assert refused > 100
     assert skipped > 100
+
+
+async def test_a_busy_batched_model_is_admitted_without_estimating() -> None:
+    """MiniLM under sixteen clients: 8 rows in a call of ~45 ms, 8 more queued, the
+    default 10 s deadline. Counting rows one call each, the bound (~15 s with its margin)
+    came near the deadline and every request walked the queue; counted in batches of the
+    cap it is ~3 s, so admission decides without the estimate."""
+    clock = FakeClock()
+    loop = asyncio.get_running_loop()
+    core = SchedulerCore("m", SchedulerConfig(max_batch_size=8), _never, clock)
+    for rows, seconds in ((1, 0.012), (4, 0.028), (8, 0.045)):
+        core.service_times.observe(rows, seconds)
+    now = clock.monotonic()
+    for seq in range(8):
+        core._queue.push(
+            QueuedRequest(
+                inputs={},
+                priority=3,
+                deadline=now + 10.0,
+                arrival=now,
+                seq=seq,
+                rows=1,
+                batch_key=None,
+                future=loop.create_future(),
+                permit=Permit(0, is_probe=False),
+            )
+        )
+    core._in_call[0] = RunningCall(now - 0.01, 8)
+    estimates: list[int] = []
+    full_estimate = core.estimate_latency_s
+
+    def counted(priority: int, rows: int = 1) -> float | None:
+        estimates.append(priority)
+        return full_estimate(priority, rows)
+
+    core.estimate_latency_s = counted  # type: ignore[method-assign]
+    assert core._refusal(3, 1, now, now + 10.0) is None
+    assert estimates == []
+    # The same state with a deadline the bound cannot clear is still estimated (and
+    # decided as before): the shortcut only skips work, never a refusal.
+    assert _full_decision(core, 3, 1, now, now + 0.05) == core._refusal(3, 1, now, now + 0.05)
+    assert estimates
