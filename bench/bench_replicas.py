@@ -5,6 +5,7 @@ Run from the repository root (needs the ``torch`` extra, for the export)::
     .venv/bin/python bench/bench_replicas.py            # 8 s per point, 3 repeats
     .venv/bin/python bench/bench_replicas.py --quick    # 3 s per point, 1 repeat
     .venv/bin/python bench/bench_replicas.py --engine wrk   # load from wrk, not Python
+    .venv/bin/python bench/bench_replicas.py --configs 1r,2r   # without the 1r-2t context
 
 The all-MiniLM-L6-v2 encoder is exported to ONNX at run time; every request carries one
 sentence tokenised to 16 tokens (batch 1), sent by ``modelyard.bench`` over REST, closed
@@ -18,9 +19,13 @@ as:
 * **1r-2t** (context): one replica on the unpinned ``cpu`` device with two ONNX Runtime
   threads, the other way to give one model both cores.
 
-All three batch the same way (``max_batch_size: 8``, no added delay). Per repeat and per
-concurrency the three run back to back in an order rotated each repeat; ratios against
-1r are taken within a repeat, then the median over repeats is reported. The load
+All three batch the same way (``max_batch_size: 8``, no added delay). Concurrency 4, 16
+and 32 by default: with every worker busy, the rows in a closed loop are the running batch
+plus the next one queued on each worker, so 16 clients give one worker batches of 8 but
+two workers batches of 4 on average (whatever the routing); 32 fill both. Each point also
+records the rows per worker call over all replicas and the server's CPU per request. Per
+repeat and per concurrency the three run back to back in an order rotated each repeat;
+ratios against 1r are taken within a repeat, then the median over repeats is reported. The load
 generator runs on the same two cores as the server (the machine has no others): with
 ``--engine wrk`` it is ``wrk`` (C, one thread), which takes far less of them than the
 Python client.
@@ -185,7 +190,8 @@ def bare_ceiling(path: Path, duration_s: float) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> tuple[list[str], dict[str, dict[int, list[dict[str, Any]]]]]:
     levels = [int(c) for c in args.concurrency.split(",")]
-    runs: dict[str, dict[int, list[dict[str, Any]]]] = {k: {c: [] for c in levels} for k in MODELS}
+    names = args.configs.split(",")
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {k: {c: [] for c in levels} for k in names}
     with tempfile.TemporaryDirectory(prefix="bench-replicas-") as tmp:
         root = Path(tmp)
         print("exporting MiniLM to ONNX ...", file=sys.stderr)
@@ -194,7 +200,6 @@ def run(args: argparse.Namespace) -> tuple[list[str], dict[str, dict[int, list[d
         with _server.Server(write_config(root), root / "server.log") as server:
             placed = wait_for_replicas(server)
             print(f"server pid {server.pid}; minilm-2r replicas on {placed}", file=sys.stderr)
-            names = list(MODELS)
             for rep in range(args.repeats):
                 for level in levels:
                     shift = rep % len(names)
@@ -279,12 +284,20 @@ def main() -> None:
         parser, concurrency="4,16,32", duration_s=8.0, warmup_s=2.0, quick=(3.0, 1.0)
     )
     parser.add_argument(
+        "--configs",
+        default=",".join(MODELS),
+        help="the configurations to measure, 1r first (%(default)s)",
+    )
+    parser.add_argument(
         "--engine",
         choices=("python", "wrk"),
         default="python",
         help="the load generator: modelyard.bench's Python client or wrk (C, lighter)",
     )
     args = parser.parse_args()
+    names = args.configs.split(",")
+    if names[0] != "1r" or not set(names) <= set(MODELS):
+        parser.error(f"--configs: 1r first, then any of {', '.join(MODELS)}")
     _server.quick_load_points(args)
     _server.install_uvloop()
     env = _server.environment()
