@@ -4,6 +4,10 @@ Run from the repository root::
 
     .venv/bin/python bench/profile_hot_path.py                  # both isolations
     .venv/bin/python bench/profile_hot_path.py --isolation process --calls 3000
+    .venv/bin/python bench/profile_hot_path.py --isolation process --minilm --concurrency 16
+
+``--minilm`` serves MiniLM as ``bench_replicas.py`` does (one replica pinned to ``cpu:0``,
+batches of up to 8; ``--concurrency`` clients keep a queue, as under load).
 
 No py-spy or perf needed. The server's ``App`` runs in this process on the identity model
 (FP32 [1, 4]); the request body is decoded, run and encoded by the same
@@ -33,9 +37,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import _server
 import psutil
+import yaml
 
 from modelyard.app import App
 from modelyard.config.settings import load_settings
@@ -72,37 +78,72 @@ def _group(stats: pstats.Stats, calls: int, top: int) -> None:
             print(f"  {seconds / calls * 1e6:8.1f}  {key}")
 
 
-async def one(isolation: str, calls: int, top: int) -> None:
+def _model(root: Path, isolation: str, minilm: bool) -> tuple[dict[str, Any], bytes]:
+    """The model entry and request body: the identity model, or MiniLM as
+    ``bench_replicas`` serves it (one replica on ``cpu:0``, batches of up to 8)."""
+    if not minilm:
+        build_identity_onnx(root / "identity" / "1" / "model.onnx")
+        return {"name": "m", "path": "identity", "isolation": isolation, "preload": True}, BODY
+    from bench_batching import write_payload
+
+    from modelyard.examples.minilm import export_minilm_onnx
+
+    print("exporting MiniLM to ONNX ...", file=sys.stderr)
+    export_minilm_onnx(root / "minilm" / "1" / "model.onnx")
+    entry = {"name": "m", "path": "minilm", "isolation": isolation, "preload": True}
+    entry |= {"max_batch_size": 8, "max_queue_size": 1024, "memory_mb": 300}
+    entry["devices"] = ["cpu:0"]
+    return entry, write_payload(root / "payload.json").read_bytes()
+
+
+def _config(root: Path, entry: dict[str, Any]) -> Path:
+    path = _server.write_config(root, [entry])
+    if entry.get("devices") == ["cpu:0"]:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+        config["devices"].append({"name": "cpu:0", "memory_budget_mb": 1024})
+        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+async def _requests(handler: InferHandler, body: bytes, calls: int, concurrency: int) -> None:
+    """``calls`` requests from ``concurrency`` closed-loop clients."""
+
+    async def client(n: int) -> None:
+        for _ in range(n):
+            await handler.infer_body("m", None, body, None, None, None)
+
+    await asyncio.gather(*(client(calls // concurrency) for _ in range(concurrency)))
+
+
+async def one(isolation: str, calls: int, top: int, minilm: bool, concurrency: int) -> None:
+    calls -= calls % concurrency
     with tempfile.TemporaryDirectory(prefix="profile-hot-path-") as tmp:
         root = Path(tmp)
-        build_identity_onnx(root / "identity" / "1" / "model.onnx")
-        entry = {"name": "m", "path": "identity", "isolation": isolation, "preload": True}
-        cfg = _server.write_config(root, [entry])
+        entry, body = _model(root, isolation, minilm)
+        cfg = _config(root, entry)
         settings = load_settings(cfg, host="127.0.0.1", http_port=0, grpc_port=None)
         app = App(settings)
         await app.start()
         try:
             handler = InferHandler(app.dataplane, 1 << 20)
-            for _ in range(500):
-                await handler.infer_body("m", None, BODY, None, None, None)
+            await _requests(handler, body, 500 - 500 % concurrency, concurrency)
             workers = psutil.Process().children(recursive=True)
             cpu0 = time.thread_time()
             wall0 = time.perf_counter()
             kids0 = sum(sum(w.cpu_times()[:2]) for w in workers)
-            for _ in range(calls):
-                await handler.infer_body("m", None, BODY, None, None, None)
+            await _requests(handler, body, calls, concurrency)
             cpu = (time.thread_time() - cpu0) / calls * 1e6
             wall = (time.perf_counter() - wall0) / calls * 1e6
             kids = (sum(sum(w.cpu_times()[:2]) for w in workers) - kids0) / calls * 1e6
-            print(f"\n== isolation: {isolation}; {calls} requests")
+            model = "MiniLM" if minilm else "identity"
+            print(f"\n== {model}, isolation: {isolation}; {calls} requests, {concurrency} at once")
             print(
                 f"event-loop thread: {cpu:.0f} µs CPU, {wall:.0f} µs wall per request; "
                 f"other processes of the server (workers): {kids:.0f} µs CPU per request"
             )
             profile = cProfile.Profile()
             profile.enable()
-            for _ in range(calls):
-                await handler.infer_body("m", None, BODY, None, None, None)
+            await _requests(handler, body, calls, concurrency)
             profile.disable()
             stats = pstats.Stats(profile)
             # Deterministic, unlike any time on a shared machine: the A/B figure to trust.
@@ -118,11 +159,17 @@ def main() -> None:
     parser.add_argument("--isolation", choices=("process", "inline", "both"), default="both")
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--minilm",
+        action="store_true",
+        help="MiniLM (batches of up to 8 on cpu:0, needs the torch extra) instead of identity",
+    )
+    parser.add_argument("--concurrency", type=int, default=1, help="requests at once (1)")
     args = parser.parse_args()
     _server.install_uvloop()
     isolations = ("process", "inline") if args.isolation == "both" else (args.isolation,)
     for isolation in isolations:
-        asyncio.run(one(isolation, args.calls, args.top))
+        asyncio.run(one(isolation, args.calls, args.top, args.minilm, args.concurrency))
     print(f"\nload average {psutil.getloadavg()}", file=sys.stderr)
 
 
