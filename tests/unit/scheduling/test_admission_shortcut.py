@@ -13,7 +13,13 @@ from modelyard.scheduling.breaker import Permit
 from modelyard.scheduling.degradation import Refusal, decide
 from modelyard.scheduling.request_queue import QueuedRequest
 from modelyard.scheduling.scheduler_core import SchedulerCore
-from modelyard.scheduling.wait_estimate import RunningCall
+from modelyard.scheduling.wait_estimate import (
+    MIN_SHARE,
+    RunningCall,
+    ServiceTimes,
+    admission_bound_s,
+    estimate_latency_s,
+)
 
 from ._fakes import FakeClock
 
@@ -126,3 +132,50 @@ async def test_a_busy_batched_model_is_admitted_without_estimating() -> None:
     # decided as before): the shortcut only skips work, never a refusal.
     assert _full_decision(core, 3, 1, now, now + 0.05) == core._refusal(3, 1, now, now + 0.05)
     assert estimates
+
+
+def test_the_bound_is_never_below_an_estimate_plus_its_slack() -> None:
+    """admission_bound_s over random measurements, queues and running calls: at least the
+    estimate at the smallest share left (MIN_SHARE) plus the request's own call."""
+    rng = random.Random(15)
+    batched = 0
+    for _ in range(3000):
+        service = ServiceTimes()
+        for _ in range(rng.randint(1, 5)):
+            service.observe(rng.randint(1, 12), rng.uniform(0.001, 0.3))
+        cap = rng.choice([1, 2, 4, 8, 16])
+        concurrency = rng.choice([1, 1, 2, 4])
+        now = 100.0
+        running = [
+            RunningCall(now - rng.uniform(0.0, 0.5), rng.randint(0, 12))
+            for _ in range(rng.choice([0, 0, 1, 2, 4]))
+        ]
+        queued, own = rng.choice([0, 1, 7, 8, 9, 40, 300]), rng.randint(0, 20)
+        estimate = estimate_latency_s(
+            service,
+            now=now,
+            rows_ahead=queued,
+            own_rows=own,
+            batch_cap=cap,
+            concurrency=concurrency,
+            running=running,
+        )
+        bound = admission_bound_s(
+            service,
+            queued_rows=queued,
+            own_rows=own,
+            running_rows=[call.rows for call in running],
+            batch_cap=cap,
+        )
+        assert estimate is not None
+        assert bound is not None
+        slack = service.predict_s(own) or 0.0
+        assert bound >= (estimate / MIN_SHARE + slack) * (1 - 1e-9)
+        upper = service.upper_s
+        assert upper is not None
+        row_bound = upper * (
+            (queued + max(1, own) + sum(max(1, c.rows) for c in running)) / MIN_SHARE + max(1, own)
+        )
+        batched += bound < row_bound
+    # The draw reaches states where counting batches is the tighter bound, often.
+    assert batched > 500
