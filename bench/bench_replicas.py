@@ -5,6 +5,7 @@ Run from the repository root (needs the ``torch`` extra, for the export)::
     .venv/bin/python bench/bench_replicas.py            # 8 s per point, 3 repeats
     .venv/bin/python bench/bench_replicas.py --quick    # 3 s per point, 1 repeat
     .venv/bin/python bench/bench_replicas.py --engine wrk   # load from wrk, not Python
+    .venv/bin/python bench/bench_replicas.py --configs 1r,2r   # without the 1r-2t context
 
 The all-MiniLM-L6-v2 encoder is exported to ONNX at run time; every request carries one
 sentence tokenised to 16 tokens (batch 1), sent by ``modelyard.bench`` over REST, closed
@@ -18,9 +19,13 @@ as:
 * **1r-2t** (context): one replica on the unpinned ``cpu`` device with two ONNX Runtime
   threads, the other way to give one model both cores.
 
-All three batch the same way (``max_batch_size: 8``, no added delay). Per repeat and per
-concurrency the three run back to back in an order rotated each repeat; ratios against
-1r are taken within a repeat, then the median over repeats is reported. The load
+All three batch the same way (``max_batch_size: 8``, no added delay). Concurrency 4, 16
+and 32 by default: with every worker busy, the rows in a closed loop are the running batch
+plus the next one queued on each worker, so 16 clients give one worker batches of 8 but
+two workers batches of 4 on average (whatever the routing); 32 fill both. Each point also
+records the rows per worker call over all replicas and the server's CPU per request. Per
+repeat and per concurrency the three run back to back in an order rotated each repeat;
+ratios against 1r are taken within a repeat, then the median over repeats is reported. The load
 generator runs on the same two cores as the server (the machine has no others): with
 ``--engine wrk`` it is ``wrk`` (C, one thread), which takes far less of them than the
 Python client.
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import _server
+import psutil
 import yaml
 from bench_batching import write_payload
 
@@ -93,9 +99,28 @@ def wait_for_replicas(server: _server.Server) -> list[str]:
     raise RuntimeError(f"minilm-2r has no second replica:\n{server.log_tail()}")
 
 
+def call_counts(server: _server.Server, model: str) -> tuple[int, int]:
+    """Requests answered and worker calls made so far, over all of ``model``'s replicas."""
+    row = server.model_stats(model)
+    scheduler = row.get("scheduler", {})
+    answered = int(scheduler.get("succeeded", 0))
+    calls = int(scheduler.get("model_calls", 0))
+    for replica in row.get("replicas", []):
+        answered += int(replica.get("succeeded", 0))
+        calls += int(replica.get("model_calls", 0))
+    return answered, calls
+
+
 def phase(
     server: _server.Server, model: str, payload: Path, concurrency: int, args: argparse.Namespace
 ) -> dict[str, Any]:
+    """One closed-loop phase; the result, the rows per worker call its batches carried,
+    and the CPU per answered request of the server process and of its whole tree (its
+    workers included); warm-up included in those three."""
+    answered0, calls0 = call_counts(server, model)
+    main = psutil.Process(server.pid)
+    main0 = sum(main.cpu_times()[:2])
+    cpu0 = _server.tree_cpu_s(server.pid)
     config = BenchConfig(
         url=server.url,
         models=(model,),
@@ -106,7 +131,15 @@ def phase(
         engine=args.engine,
     )
     results: list[BenchResult] = asyncio.run(run_bench(config))
-    return results[0].to_dict()
+    cpu_s = _server.tree_cpu_s(server.pid) - cpu0
+    main_s = sum(main.cpu_times()[:2]) - main0
+    answered, calls = call_counts(server, model)
+    out = results[0].to_dict()
+    n = answered - answered0
+    out["rows_per_call"] = n / (calls - calls0) if calls > calls0 else None
+    out["server_cpu_ms_per_request"] = main_s / n * 1e3 if n else None
+    out["tree_cpu_ms_per_request"] = cpu_s / n * 1e3 if n else None
+    return out
 
 
 BARE_BATCH = 8
@@ -157,7 +190,8 @@ def bare_ceiling(path: Path, duration_s: float) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> tuple[list[str], dict[str, dict[int, list[dict[str, Any]]]]]:
     levels = [int(c) for c in args.concurrency.split(",")]
-    runs: dict[str, dict[int, list[dict[str, Any]]]] = {k: {c: [] for c in levels} for k in MODELS}
+    names = args.configs.split(",")
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {k: {c: [] for c in levels} for k in names}
     with tempfile.TemporaryDirectory(prefix="bench-replicas-") as tmp:
         root = Path(tmp)
         print("exporting MiniLM to ONNX ...", file=sys.stderr)
@@ -166,7 +200,6 @@ def run(args: argparse.Namespace) -> tuple[list[str], dict[str, dict[int, list[d
         with _server.Server(write_config(root), root / "server.log") as server:
             placed = wait_for_replicas(server)
             print(f"server pid {server.pid}; minilm-2r replicas on {placed}", file=sys.stderr)
-            names = list(MODELS)
             for rep in range(args.repeats):
                 for level in levels:
                     shift = rep % len(names)
@@ -175,7 +208,10 @@ def run(args: argparse.Namespace) -> tuple[list[str], dict[str, dict[int, list[d
                         runs[name][level].append(r)
                         print(
                             f"  rep {rep + 1} c={level} {name}: {r['qps']:.1f} rps, "
-                            f"p99 {r['p99_ms']} ms, errors {sum(r['errors'].values())}",
+                            f"p99 {r['p99_ms']} ms, errors {sum(r['errors'].values())}, "
+                            f"rows/call {r['rows_per_call'] or 0:.1f}, server CPU "
+                            f"{r['server_cpu_ms_per_request'] or 0:.2f} ms/req, tree "
+                            f"{r['tree_cpu_ms_per_request'] or 0:.2f} ms/req",
                             file=sys.stderr,
                         )
                 bare = bare_ceiling(model, args.duration_s)
@@ -197,6 +233,14 @@ def summarise(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> list[dict[str
                     "p50_ms": statistics.median(r["p50_ms"] for r in reps if r["p50_ms"]),
                     "p99_ms": statistics.median(r["p99_ms"] for r in reps if r["p99_ms"]),
                     "errors": sum(sum(r["errors"].values()) for r in reps),
+                    "rows_per_call": statistics.median(
+                        r["rows_per_call"] for r in reps if r["rows_per_call"]
+                    ),
+                    "server_cpu_ms": statistics.median(
+                        r["server_cpu_ms_per_request"]
+                        for r in reps
+                        if r["server_cpu_ms_per_request"]
+                    ),
                     "qps_vs_1r": statistics.median(
                         r["qps"] / b["qps"] for r, b in zip(reps, base, strict=True)
                     ),
@@ -212,7 +256,7 @@ def summarise(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> list[dict[str
 
 def report(rows: list[dict[str, Any]]) -> str:
     header = ["config", "concurrency", "req/s", "p50 (ms)", "p99 (ms)", "req/s vs 1r"]
-    header += ["p99 vs 1r", "errors"]
+    header += ["p99 vs 1r", "rows per call", "server CPU (ms/req)", "errors"]
     ordered = sorted(rows, key=lambda r: (r["concurrency"], list(MODELS).index(r["config"])))
     return _server.markdown_table(
         header,
@@ -225,6 +269,8 @@ def report(rows: list[dict[str, Any]]) -> str:
                 f"{r['p99_ms']:.1f}",
                 f"{r['qps_vs_1r']:.2f}x",
                 f"{r['p99_vs_1r']:.2f}x",
+                f"{r['rows_per_call']:.1f}",
+                f"{r['server_cpu_ms']:.2f}",
                 r["errors"],
             ]
             for r in ordered
@@ -235,7 +281,12 @@ def report(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = _server.arg_parser(__doc__)
     _server.add_load_point_arguments(
-        parser, concurrency="4,16", duration_s=8.0, warmup_s=2.0, quick=(3.0, 1.0)
+        parser, concurrency="4,16,32", duration_s=8.0, warmup_s=2.0, quick=(3.0, 1.0)
+    )
+    parser.add_argument(
+        "--configs",
+        default=",".join(MODELS),
+        help="the configurations to measure, 1r first (%(default)s)",
     )
     parser.add_argument(
         "--engine",
@@ -244,9 +295,13 @@ def main() -> None:
         help="the load generator: modelyard.bench's Python client or wrk (C, lighter)",
     )
     args = parser.parse_args()
+    names = args.configs.split(",")
+    if names[0] != "1r" or not set(names) <= set(MODELS):
+        parser.error(f"--configs: 1r first, then any of {', '.join(MODELS)}")
     _server.quick_load_points(args)
     _server.install_uvloop()
     env = _server.environment()
+    load_start = os.getloadavg()
     started = time.time()
     placed, runs = run(args)
     rows = summarise(runs)
@@ -255,6 +310,7 @@ def main() -> None:
         f"medians of {args.repeats} x {args.duration_s:g} s; load from {args.engine}; {env}\n"
     )
     print(report(rows))
+    print(f"\nload average at the start {load_start}, at the end {os.getloadavg()}")
     ceiling = statistics.median(b["ratio"] for b in BARE)
     print(
         f"\nmachine ceiling (bare ONNX Runtime, batch {BARE_BATCH}, no server): two pinned "
@@ -266,6 +322,7 @@ def main() -> None:
             "args": vars(args),
             "environment": env,
             "elapsed_s": round(time.time() - started, 1),
+            "load_average_end": os.getloadavg(),
             "replica_devices": placed,
             "summary": rows,
             "bare_ceiling": BARE,

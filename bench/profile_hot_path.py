@@ -6,11 +6,15 @@ Run from the repository root::
     .venv/bin/python bench/profile_hot_path.py --isolation process --calls 3000
     .venv/bin/python bench/profile_hot_path.py --http                       # HTTP included
     .venv/bin/python bench/profile_hot_path.py --http --concurrency 50
+    .venv/bin/python bench/profile_hot_path.py --isolation process --minilm --concurrency 16
 
 With ``--http`` the requests come over loopback HTTP from a client in another process
 (each written whole, as ``bench_overhead.py``'s client does), so uvicorn's protocol, the
 raw infer read and the socket write are counted too; ``--concurrency`` opens that many
-connections, each sending its next request once its answer is in.
+connections, each sending its next request once its answer is in (without ``--http``,
+that many requests at once in-process, so a queue forms as under load). ``--minilm``
+serves MiniLM as ``bench_replicas.py`` does (one replica pinned to ``cpu:0``, batches of
+up to 8).
 
 No py-spy or perf needed. The server's ``App`` runs in this process on the identity model
 (FP32 [1, 4]); the request body is decoded, run and encoded by the same
@@ -40,9 +44,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import _server
 import psutil
+import yaml
 
 from modelyard.app import App
 from modelyard.config.settings import load_settings
@@ -77,6 +83,43 @@ def _group(stats: pstats.Stats, calls: int, top: int) -> None:
         print(f"\nself time per request by {title} (µs, under cProfile):")
         for key, seconds in counter.most_common(top):
             print(f"  {seconds / calls * 1e6:8.1f}  {key}")
+
+
+def _model(root: Path, isolation: str, minilm: bool) -> tuple[dict[str, Any], bytes]:
+    """The model entry and request body: the identity model, or MiniLM as
+    ``bench_replicas`` serves it (one replica on ``cpu:0``, batches of up to 8)."""
+    if not minilm:
+        build_identity_onnx(root / "identity" / "1" / "model.onnx")
+        return {"name": "m", "path": "identity", "isolation": isolation, "preload": True}, BODY
+    from bench_batching import write_payload
+
+    from modelyard.examples.minilm import export_minilm_onnx
+
+    print("exporting MiniLM to ONNX ...", file=sys.stderr)
+    export_minilm_onnx(root / "minilm" / "1" / "model.onnx")
+    entry = {"name": "m", "path": "minilm", "isolation": isolation, "preload": True}
+    entry |= {"max_batch_size": 8, "max_queue_size": 1024, "memory_mb": 300}
+    entry["devices"] = ["cpu:0"]
+    return entry, write_payload(root / "payload.json").read_bytes()
+
+
+def _config(root: Path, entry: dict[str, Any]) -> Path:
+    path = _server.write_config(root, [entry])
+    if entry.get("devices") == ["cpu:0"]:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+        config["devices"].append({"name": "cpu:0", "memory_budget_mb": 1024})
+        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+async def _requests(handler: InferHandler, body: bytes, calls: int, concurrency: int) -> None:
+    """``calls`` requests from ``concurrency`` closed-loop clients."""
+
+    async def client(n: int) -> None:
+        for _ in range(n):
+            await handler.infer_body("m", None, body, None, None, None)
+
+    await asyncio.gather(*(client(calls // concurrency) for _ in range(concurrency)))
 
 
 # A client in another process: ``calls`` requests over ``concurrency`` connections, each
@@ -115,16 +158,19 @@ while done < calls:
             s.sendall(request)
             sent += 1
 """
-REQUEST = (
-    b"POST /v2/models/m/infer HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-    + b"content-length: "
-    + str(len(BODY)).encode()
-    + b"\r\n\r\n"
-    + BODY
-)
 
 
-async def _client(port: int, calls: int, concurrency: int) -> None:
+def _request(body: bytes) -> bytes:
+    return (
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        + b"content-type: application/json\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+
+
+async def _client(port: int, body: bytes, calls: int, concurrency: int) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -134,19 +180,19 @@ async def _client(port: int, calls: int, concurrency: int) -> None:
         str(concurrency),
         stdin=asyncio.subprocess.PIPE,
     )
-    await proc.communicate(REQUEST)
+    await proc.communicate(_request(body))
     if proc.returncode:
         raise SystemExit(f"client failed: {proc.returncode}")
 
 
 async def one(
-    isolation: str, calls: int, top: int, http: bool = False, concurrency: int = 1
+    isolation: str, calls: int, top: int, http: bool, concurrency: int, minilm: bool
 ) -> None:
+    calls -= calls % concurrency
     with tempfile.TemporaryDirectory(prefix="profile-hot-path-") as tmp:
         root = Path(tmp)
-        build_identity_onnx(root / "identity" / "1" / "model.onnx")
-        entry = {"name": "m", "path": "identity", "isolation": isolation, "preload": True}
-        cfg = _server.write_config(root, [entry])
+        entry, body = _model(root, isolation, minilm)
+        cfg = _config(root, entry)
         settings = load_settings(cfg, host="127.0.0.1", http_port=0, grpc_port=None)
         app = App(settings)
         await app.start()
@@ -156,12 +202,11 @@ async def one(
             async def run(n: int) -> None:
                 if http:  # the whole server path, HTTP parse and socket write included
                     assert app.http_port is not None
-                    await _client(app.http_port, n, concurrency)
+                    await _client(app.http_port, body, n, concurrency)
                     return
-                for _ in range(n):
-                    await handler.infer_body("m", None, BODY, None, None, None)
+                await _requests(handler, body, n, concurrency)
 
-            await run(500)
+            await run(500 - 500 % concurrency)
             workers = psutil.Process().children(recursive=True)
             cpu0 = time.thread_time()
             wall0 = time.perf_counter()
@@ -170,8 +215,12 @@ async def one(
             cpu = (time.thread_time() - cpu0) / calls * 1e6
             wall = (time.perf_counter() - wall0) / calls * 1e6
             kids = (sum(sum(w.cpu_times()[:2]) for w in workers) - kids0) / calls * 1e6
-            over = f" over HTTP, concurrency {concurrency}" if http else ""
-            print(f"\n== isolation: {isolation}; {calls} requests{over}")
+            model = "MiniLM" if minilm else "identity"
+            over = " over HTTP" if http else ""
+            print(
+                f"\n== {model}, isolation: {isolation}; {calls} requests{over}, "
+                f"{concurrency} at once"
+            )
             print(
                 f"event-loop thread: {cpu:.0f} µs CPU, {wall:.0f} µs wall per request; "
                 f"other processes of the server (workers): {kids:.0f} µs CPU per request"
@@ -200,13 +249,21 @@ def main() -> None:
         help="send the requests over HTTP from a client process (HTTP parse and write included)",
     )
     parser.add_argument(
-        "--concurrency", type=int, default=1, help="connections of the --http client (1)"
+        "--concurrency",
+        type=int,
+        default=1,
+        help="requests at once (1): connections of the --http client, else in-process",
+    )
+    parser.add_argument(
+        "--minilm",
+        action="store_true",
+        help="MiniLM (batches of up to 8 on cpu:0, needs the torch extra) instead of identity",
     )
     args = parser.parse_args()
     _server.install_uvloop()
     isolations = ("process", "inline") if args.isolation == "both" else (args.isolation,)
     for isolation in isolations:
-        asyncio.run(one(isolation, args.calls, args.top, args.http, args.concurrency))
+        asyncio.run(one(isolation, args.calls, args.top, args.http, args.concurrency, args.minilm))
     print(f"\nload average {psutil.getloadavg()}", file=sys.stderr)
 
 

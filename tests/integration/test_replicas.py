@@ -107,6 +107,11 @@ async def test_a_replica_is_added_under_load_and_removed_when_idle(model_root: P
         await asyncio.gather(*loops)
         assert set(statuses) == {200}
         assert scheduler.counters["succeeded"] > 0, "the new replica took requests"
+        stats = (await client.get("/v2/stats")).json()
+        [row] = [m for m in stats["models"] if m["name"] == "faulty"]
+        [view] = row["replicas"]
+        # Its calls beside its answers: the rows per call its batches carried.
+        assert 0 < view["model_calls"] <= view["succeeded"]
         await until(lambda: record.replicas == [], within_s=10.0)
         assert app.manager.budget.device("cpu:1").reserved_bytes == 0
         kinds = [e.kind for e in app.manager.events.recent()]

@@ -181,11 +181,15 @@ class ReplicaView:
     pid: int | None
     succeeded: int = 0
     """Requests it answered (its scheduler's count; 0 once stopped)."""
+    model_calls: int = 0
+    """Calls to its worker (its scheduler's count; 0 once stopped): ``succeeded`` over
+    this is the rows its batches carried, how full routing keeps each replica's batches."""
 
     @classmethod
     def of(cls, replica: Replica) -> ReplicaView:
         """The view of ``replica``."""
         info = replica.info
+        counts = replica.scheduler.counters if replica.scheduler is not None else None
         return cls(
             str(replica.key),
             replica.device,
@@ -194,7 +198,8 @@ class ReplicaView:
             replica.measured_bytes,
             replica.pending,
             info.pid if info is not None else None,
-            replica.scheduler.counters["succeeded"] if replica.scheduler is not None else 0,
+            counts["succeeded"] if counts is not None else 0,
+            counts["model_calls"] if counts is not None else 0,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -208,6 +213,7 @@ class ReplicaView:
             "pending": self.pending,
             "pid": self.pid,
             "succeeded": self.succeeded,
+            "model_calls": self.model_calls,
         }
 
 

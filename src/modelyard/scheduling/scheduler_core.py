@@ -36,9 +36,9 @@ from modelyard.scheduling.degradation import Refusal, decide
 from modelyard.scheduling.dispatcher import MODEL_FAULTS, CallReport, Execute
 from modelyard.scheduling.request_queue import QueuedRequest, RequestQueue
 from modelyard.scheduling.wait_estimate import (
-    MIN_SHARE,
     RunningCall,
     ServiceTimes,
+    admission_bound_s,
     estimate_latency_s,
     share_left,
 )
@@ -291,19 +291,18 @@ class SchedulerCore:
             if not config.early_rejection:
                 return None
             # Only the deadline can refuse. The estimate plus the slack is at most
-            # upper_s * ((running + queued + own rows) / MIN_SHARE + own rows) (see
-            # ServiceTimes.upper_s and wait_estimate): a deadline well beyond that (most
-            # requests) is admitted without estimating, with the same outcome, and
-            # without the estimate's walk over the queue.
-            upper_s = self._service.upper_s
-            if upper_s is None:
+            # admission_bound_s (from the queued and running rows alone): a deadline well
+            # beyond it (most requests) is admitted without estimating, with the same
+            # outcome, and without the estimate's walk over the queue.
+            bound_s = admission_bound_s(
+                self._service,
+                queued_rows=self._queue.rows,
+                own_rows=rows,
+                running_rows=[call.rows for call in self._in_call.values()],
+                batch_cap=self._limits()[0],
+            )
+            if bound_s is None:
                 return None  # nothing measured: no estimate, never refused on a guess
-            own = max(1, rows)
-            ahead = self._queue.rows
-            if self._in_call:
-                # A call of 0 rows is predicted as one of the smallest size seen.
-                ahead += sum(max(1, call.rows) for call in self._in_call.values())
-            bound_s = upper_s * ((ahead + own) / MIN_SHARE + own)
             if deadline - now > _ROUNDING * bound_s:
                 return None
         return decide(
