@@ -18,6 +18,7 @@ from modelyard.manager.prewarm import PrewarmWindows
 from modelyard.manager.records import ModelKey, ModelRecord
 from tests.fakes.clock import FakeClock
 from tests.fakes.instance import FakeInstance
+from tests.unit.manager.settings import folder_settings
 
 MIB = 1024 * 1024
 
@@ -130,13 +131,11 @@ def test_arrival_cost_evicts_a_model_that_will_be_prewarmed_first() -> None:
 
 
 async def test_the_manager_prewarms_a_timer_and_counts_the_hit(tmp_path: Path) -> None:
-    for name in ("a", "b"):
-        (tmp_path / name / "1").mkdir(parents=True)
-        (tmp_path / name / "1" / "model.onnx").write_bytes(b"x" * 4096)
-    settings = ServerSettings(
-        model_repository=str(tmp_path),
-        devices=[DeviceConfig(name="cpu", memory_budget_mb=100)],
-        models=[ModelConfig(name=n, path=n, memory_mb=40) for n in ("a", "b")],
+    settings = folder_settings(
+        tmp_path,
+        [DeviceConfig(name="cpu", memory_budget_mb=100)],
+        {n: {"memory_mb": 40} for n in ("a", "b")},
+        weights_bytes=4096,
         eviction_policy="arrival-cost",
     )
     clock = FakeClock()

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from modelyard.config.model_config import ModelConfig
-from modelyard.config.settings import DeviceConfig, ServerSettings
+from modelyard.config.settings import DeviceConfig
 from modelyard.manager.budget import MemoryBudget, SharedFile
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelKey
@@ -17,6 +17,7 @@ from modelyard.manager.states import ModelState
 from modelyard.workers.instance import ReleaseCallback, ReleasesEarly
 from tests.fakes.clock import FakeClock
 from tests.fakes.instance import FakeInstance
+from tests.unit.manager.settings import folder_settings
 
 MIB = 1024 * 1024
 
@@ -41,13 +42,11 @@ class ReleasingInstance(FakeInstance):
 
 
 def _manager(tmp_path: Path, make: Callable[[ModelConfig], FakeInstance]) -> ModelManager:
-    for name in ("a", "b"):
-        (tmp_path / name / "1").mkdir(parents=True)
-        (tmp_path / name / "1" / "model.onnx").write_bytes(b"x" * 4096)
-    settings = ServerSettings(
-        model_repository=str(tmp_path),
-        devices=[DeviceConfig(name="cpu", memory_budget_mb=100)],
-        models=[ModelConfig(name=n, path=n, memory_mb=60) for n in ("a", "b")],
+    settings = folder_settings(
+        tmp_path,
+        [DeviceConfig(name="cpu", memory_budget_mb=100)],
+        {n: {"memory_mb": 60} for n in ("a", "b")},
+        weights_bytes=4096,
     )
     return ModelManager(settings, make, clock=FakeClock())
 
