@@ -16,6 +16,14 @@ import math
 from collections.abc import Hashable
 
 DAY_S = 86_400.0
+MIN_SHARED_BINS = 5
+"""The days' agreement is the weight once this many bins have been seen whole on an
+even and an odd day (before: :meth:`TimeOfDay.dispersion`). Within one half of a
+day/night cycle the bins of two days agree only by chance; the agreement means something
+once the second day has seen both halves of the first."""
+MIN_EPISODES = 10.0
+"""A model counts in :meth:`TimeOfDay.dispersion` from this many episodes (fewer say
+little about their spread)."""
 
 
 class TimeOfDay:
@@ -86,7 +94,8 @@ class TimeOfDay:
     def weight(self, now: float) -> float:
         """How much the cycle is to be believed, 0 to 1: how well the time-of-day
         profiles of even periods (days) agree with those of odd ones, as a correlation
-        pooled over every model, over the bins both have seen (0 before three such bins).
+        pooled over every model, over the bins both have seen (from
+        :data:`MIN_SHARED_BINS` such bins on; before, :meth:`dispersion`).
 
         Bins that differ by chance, or by bursts that fall at no particular time of day,
         differ differently from one day to the next; a daily cycle repeats. Without
@@ -101,8 +110,12 @@ class TimeOfDay:
             shared = [
                 b for b in range(self.bins) if self._seen(b, 0, now) and self._seen(b, 1, now)
             ]
+            if len(shared) < min(MIN_SHARED_BINS, self.bins):
+                value = self.dispersion(now)
+                self._weight = (now, value)
+                return value
             products = even_squares = odd_squares = 0.0
-            for counts in self._counts.values() if len(shared) > 2 else ():
+            for counts in self._counts.values():
                 even = [counts[b] for b in shared]
                 odd = [counts[b + self.bins] for b in shared]
                 mean_even, mean_odd = sum(even) / len(shared), sum(odd) / len(shared)
@@ -114,6 +127,49 @@ class TimeOfDay:
                 value = max(0.0, products / math.sqrt(even_squares * odd_squares))
         self._weight = (now, value)
         return value
+
+    def dispersion(self, now: float) -> float:
+        """The weight while the days cannot be compared yet (one day seen, the second
+        not past :data:`MIN_SHARED_BINS` bins): the share of the spread of the models'
+        episodes over the bins that chance does not explain, ``1 - df / chi2`` pooled
+        over the models with at least :data:`MIN_EPISODES` episodes, against a spread in
+        proportion to the time each bin has been watched (0 to 1; 0 when chance explains
+        it all).
+
+        Poisson traffic without a cycle spreads as chance does (chi-square about its
+        degrees of freedom: 0); a day/night swap puts most of the spread outside
+        chance. Without it the first day's profile went unused until the second day's
+        dusk, through a dawn where it was most of what eviction needed (issue 16, the
+        diurnal trace; BENCHMARKS.md §17, session 8 second pass).
+        """
+        assert self._start is not None
+        watched = [self._watched(b, now) for b in range(self.bins)]
+        total = sum(watched)
+        open_bins = sum(1 for w in watched if w > 0)
+        chi2 = df = 0.0
+        for counts in self._counts.values():
+            per_bin = [counts[b] + counts[b + self.bins] for b in range(self.bins)]
+            n = sum(per_bin)
+            if n < MIN_EPISODES or total <= 0:
+                continue
+            for b, seen in enumerate(watched):
+                if seen > 0:
+                    expected = n * seen / total
+                    chi2 += (per_bin[b] - expected) ** 2 / expected
+            df += open_bins - 1
+        return max(0.0, 1.0 - df / chi2) if chi2 > 0 else 0.0
+
+    def _watched(self, b: int, now: float) -> float:
+        """Seconds of bin ``b`` (over every day) between the first observation and ``now``."""
+        assert self._start is not None
+        width = self.period_s / self.bins
+        seconds = 0.0
+        day = int(self._start // self.period_s)
+        while day * self.period_s <= now:
+            begins = day * self.period_s + b * width
+            seconds += max(0.0, min(begins + width, now) - max(begins, self._start))
+            day += 1
+        return seconds
 
     def _seen(self, b: int, parity: int, now: float) -> bool:
         """Whether bin ``b`` of some day of ``parity`` (0: even) lay wholly between the

@@ -50,6 +50,40 @@ def test_days_that_disagree_are_not_a_cycle() -> None:
     assert tod.factor("m", 455.0) == 1.0
 
 
+def _one_day(profiles: dict[str, list[int]]) -> TimeOfDay:
+    """One 100-s day from t = 0: ``profiles[m][b]`` episodes of ``m`` spread evenly in
+    bin ``b`` (every bin watched for exactly 10 s by t = 100)."""
+    tod = TimeOfDay(100.0, bins=10, ahead=1, prior=1.0)
+    events = sorted(
+        (b * 10.0 + k * 10.0 / n, m)
+        for m, per_bin in profiles.items()
+        for b, n in enumerate(per_bin)
+        for k in range(n)
+    )
+    for t, m in events:
+        tod.observe(m, t)
+    return tod
+
+
+def test_after_one_day_a_spread_beyond_chance_is_believed_before_the_days_compare() -> None:
+    # Ten episodes a bin, "day" in bins 0-4 and "night" in 5-9: against an even spread
+    # (5 a bin) each model's chi-square is 10 * (5 ** 2 / 5) = 50, with 9 degrees of
+    # freedom: weight 1 - 18 / 100 = 0.82 at t = 100, when no bin has been seen on an
+    # odd day (the days' agreement could say nothing until t = 160 or so).
+    tod = _one_day({"day": [10] * 5 + [0] * 5, "night": [0] * 5 + [10] * 5})
+    assert tod.weight(100.0) == pytest.approx(0.82)
+    # Morning: 1 + 0.82 * ((20 + 0.2) / 51 / 0.2 - 1), where the weight was 0 before.
+    assert tod.factor("day", 100.0) == pytest.approx(1 + 0.82 * (20.2 / 51 / 0.2 - 1))
+    assert tod.factor("night", 100.0) < 0.3
+
+
+def test_an_even_spread_or_a_few_episodes_give_no_weight_after_one_day() -> None:
+    # Five episodes in every bin: chance explains all of it (chi-square 0).
+    assert _one_day({"flat": [5] * 10}).weight(100.0) == 0.0
+    # Nine episodes, all in bin 0: too few to count (MIN_EPISODES), nothing believed.
+    assert _one_day({"few": [9] + [0] * 9}).weight(100.0) == 0.0
+
+
 def test_memory_is_bounded_and_bad_settings_are_refused() -> None:
     tod = TimeOfDay(100.0, max_models=1)
     tod.observe("a", 0.0)
