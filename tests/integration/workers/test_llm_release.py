@@ -32,7 +32,8 @@ def _maps(pid: int) -> str:
 def _exited(pid: int) -> bool:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # Reaped before the open (no file) or between the open and the read (ESRCH).
         return True
     return "\nState:\tZ" in status
 
