@@ -55,6 +55,11 @@ class AnswerGate:
             return False
         return True
 
+    def add(self, n: int) -> None:
+        """Count ``n`` more calls waiting (negative: fewer); for a caller that undoes its
+        count in a ``finally`` and so needs no :class:`Pending`."""
+        self._add(n)
+
     def _add(self, n: int) -> None:
         self._waiting += n
         if self._quiet is not None:

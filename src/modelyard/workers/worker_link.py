@@ -31,7 +31,7 @@ from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.handle import WorkerHandle
 from modelyard.workers.instance import ExitCallback, ReleaseCallback
 from modelyard.workers.limits import MemoryLimit
-from modelyard.workers.messages import Message, MessageError, Released, Stop
+from modelyard.workers.messages import InferDone, Message, MessageError, Released, Stop
 from modelyard.workers.streams import GenerationStreams
 
 __all__ = ["WorkerLink"]
@@ -126,18 +126,6 @@ class WorkerLink:
 
     # ------------------------------------------------------------------ channel I/O
 
-    def _send(self, msg: Message, seq: int) -> None:
-        channel = self._channel
-        if channel is None:
-            raise self._not_serving()
-        self._in_flight = seq
-        # If the worker is going, its exit report fails the waiter with the reason.
-        # (try/except, not contextlib.suppress: no context object on every request)
-        try:  # noqa: SIM105
-            channel.send(msg)
-        except ChannelClosedError:
-            pass
-
     def _send_now(self, msg: Message) -> None:
         """Send a stream's message (no reply awaited: its replies go to its stream)."""
         channel = self._channel
@@ -147,32 +135,55 @@ class WorkerLink:
         with contextlib.suppress(ChannelClosedError):
             channel.send(msg)
 
-    async def _wait_reply(self, deadline: float, timeout_s: float) -> Message:
-        """The reply to the message in flight; kills the worker if it overruns."""
+    async def _wait_reply(
+        self, deadline: float, timeout_s: float, msg: Message | None = None, seq: int = 0
+    ) -> Message:
+        """The reply to the message in flight, or to ``msg`` (numbered ``seq``) sent here;
+        kills the worker if it overruns.
+
+        The waiter, its deadline timer and the answer count are set up *before* ``msg``
+        is sent, so that the send is the last thing this loop does before it goes back
+        to polling: a Unix socket wakes its reader as a "sync" wake-up, which the
+        scheduler may place on the sender's core, where the worker then waits for the
+        sender to sleep (BENCHMARKS.md §5, session 9).
+        """
         loop = self._loop
         assert loop is not None
         if self._exit_reason is not None:
             raise self._crashed()
+        channel = self._channel
+        if msg is not None and channel is None:
+            raise self._not_serving()
         fut: asyncio.Future[_Reply] = loop.create_future()
         self._waiter = fut
         timer = loop.call_at(deadline, _expire, fut)
-        # A call to a serving model (not its start): background work waits for its answer.
-        pending = self._answers.begin() if self._ready else None
+        # A call to a serving model (not its start): background work waits for its answer
+        # (counted here and undone in the ``finally``: no object per call).
+        answers = self._answers if self._ready else None
+        if answers is not None:
+            answers.add(1)
         try:
+            if msg is not None:
+                self._in_flight = seq
+                # If the worker is going, its exit report fails the waiter with the reason.
+                try:  # noqa: SIM105  (no context object on every request)
+                    channel.send(msg)  # type: ignore[union-attr]  # checked above
+                except ChannelClosedError:
+                    pass
             reply = await fut
         finally:
-            if pending is not None:
-                pending.end()
+            if answers is not None:
+                answers.add(-1)
             timer.cancel()
             if self._waiter is fut:
                 self._waiter = None
-        if isinstance(reply, _Expired):
+        if reply is _EXPIRED:
             await self._kill_and_wait(f"killed after overrunning its deadline ({timeout_s:.3f}s)")
             raise DeadlineExceededError(
                 f"model {self._name!r} did not answer within {timeout_s:.3f}s, the request's "
                 "deadline; its worker was killed and is being restarted"
             )
-        return reply
+        return reply  # type: ignore[return-value]  # not _EXPIRED, checked above
 
     # ---------------------------------------------------------------- worker events
 
@@ -182,6 +193,13 @@ class WorkerLink:
         self._on_released = callback
 
     def _on_message(self, msg: Message) -> None:
+        if type(msg) is InferDone:  # the common reply: never a stream's
+            if msg.seq == self._in_flight:
+                self._in_flight = None
+                waiter = self._waiter
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(msg)
+            return
         if self._streams.owns(msg):
             return
         if isinstance(msg, Released):
