@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 from typing import Final
 
 from modelyard.errors import (
@@ -41,6 +42,8 @@ _log = logging.getLogger("modelyard.workers.process")
 
 _EXIT_WAIT_S: Final = 5.0
 """How long to wait for the exit report of a worker we SIGKILLed."""
+_TIMER_SLACK_S: Final = 0.001
+"""A deadline timer that fires this close to the deadline has reached it."""
 _EOF_GRACE_S: Final = 1.0
 """A worker that closed its channel but is still running after this is killed."""
 _RELEASE_RETRIES: Final = 50
@@ -78,6 +81,11 @@ class WorkerLink:
         self._seqs = itertools.count(1)
         self._in_flight: int | None = None
         self._waiter: asyncio.Future[_Reply] | None = None
+        self._deadline = math.inf
+        """The loop time by which the call in flight (``_waiter``) must be answered."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        """When ``_timer`` fires: at or before ``_deadline`` while a call waits."""
         self._watchdog: asyncio.Task[None] | None = None
         self._name = ""
         self._started = False
@@ -141,7 +149,12 @@ class WorkerLink:
         """The reply to the message in flight, or to ``msg`` (numbered ``seq``) sent here;
         kills the worker if it overruns.
 
-        The waiter, its deadline timer and the answer count are set up *before* ``msg``
+        The deadline is watched by one timer per link, not one per call (a uvloop timer
+        costs ~5 µs to start and cancel): it stays armed at the earliest deadline asked
+        for, and when it fires it ends the call in flight if that call's deadline has
+        come, else re-arms for it. Calls answered in time leave it alone.
+
+        The waiter, its deadline and the answer count are set up *before* ``msg``
         is sent, so that the send is the last thing this loop does before it goes back
         to polling: a Unix socket wakes its reader as a "sync" wake-up, which the
         scheduler may place on the sender's core, where the worker then waits for the
@@ -156,7 +169,9 @@ class WorkerLink:
             raise self._not_serving()
         fut: asyncio.Future[_Reply] = loop.create_future()
         self._waiter = fut
-        timer = loop.call_at(deadline, _expire, fut)
+        self._deadline = deadline
+        if deadline < self._timer_at:
+            self._arm_timer(loop, deadline)
         # A call to a serving model (not its start): background work waits for its answer
         # (counted here and undone in the ``finally``: no object per call).
         answers = self._answers if self._ready else None
@@ -174,7 +189,6 @@ class WorkerLink:
         finally:
             if answers is not None:
                 answers.add(-1)
-            timer.cancel()
             if self._waiter is fut:
                 self._waiter = None
         if reply is _EXPIRED:
@@ -184,6 +198,25 @@ class WorkerLink:
                 "deadline; its worker was killed and is being restarted"
             )
         return reply  # type: ignore[return-value]  # not _EXPIRED, checked above
+
+    def _arm_timer(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = None, math.inf
+        if not math.isinf(when):
+            self._timer = loop.call_at(when, self._on_timer)
+            self._timer_at = when
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        waiter, loop = self._waiter, self._loop
+        if waiter is None or waiter.done() or loop is None:
+            return
+        # A timer may fire up to a millisecond early (uvloop counts whole milliseconds).
+        if loop.time() + _TIMER_SLACK_S < self._deadline:
+            self._arm_timer(loop, self._deadline)  # armed for an earlier call's deadline
+        else:
+            waiter.set_result(_EXPIRED)
 
     # ---------------------------------------------------------------- worker events
 
@@ -327,6 +360,9 @@ class WorkerLink:
             limit, self._limit = self._limit, None
             if limit is not None:
                 self._release_limit(limit, _RELEASE_RETRIES)
+        timer, self._timer, self._timer_at = self._timer, None, math.inf
+        if timer is not None:
+            timer.cancel()
         watchdog = self._watchdog
         if watchdog is not None and watchdog is not asyncio.current_task():
             watchdog.cancel()
@@ -354,8 +390,3 @@ class WorkerLink:
         if self._stopping:
             return ModelNotReadyError(f"model {self._name!r}: this replica was stopped")
         return ModelNotReadyError("this replica has not been started")
-
-
-def _expire(fut: asyncio.Future[_Reply]) -> None:
-    if not fut.done():
-        fut.set_result(_EXPIRED)
