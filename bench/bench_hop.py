@@ -13,9 +13,11 @@ scheduler. Beside it, in the same run and rounds interleaved, the floors:
   the server side waiting in uvloop's ``add_reader`` (what any worker hop costs);
 * ``ort``: the model's ``session.run`` in this process (what the worker's work costs).
 
-Per mode: the wall median per call, and the CPU per call of this process (the server's
-side: region write, message, wake-up, reply, copy-out) and of the worker (from
-``/proc/PID/stat``: receive, decode, region views, the runtime, encode, send).
+Per mode: the wall median per call, and the CPU and minor page faults per call of this
+process (the server's side: region write, message, wake-up, reply, copy-out) and of the
+worker (from ``/proc/PID/stat``: receive, decode, region views, the runtime, encode,
+send). The worker's CPU is counted in clock ticks: a round of 2,000 calls resolves it to
+5 µs. BENCHMARKS.md section 5, "Session 9", has the figures and the timeline.
 """
 
 from __future__ import annotations
