@@ -55,7 +55,9 @@ class AnswerGate:
             return False
         return True
 
-    def _add(self, n: int) -> None:
+    def add(self, n: int) -> None:
+        """Count ``n`` more calls waiting (negative: fewer); for a caller that undoes its
+        count in a ``finally`` and so needs no :class:`Pending`."""
         self._waiting += n
         if self._quiet is not None:
             if self._waiting:
@@ -63,7 +65,7 @@ class AnswerGate:
             else:
                 self._quiet.set()
         if self._parent is not None:
-            self._parent._add(n)
+            self._parent.add(n)
 
 
 class Pending:
@@ -73,10 +75,10 @@ class Pending:
 
     def __init__(self, gate: AnswerGate) -> None:
         self._gate: AnswerGate | None = gate
-        gate._add(1)
+        gate.add(1)
 
     def end(self) -> None:
         """The call has had its first answer (or never will)."""
         gate, self._gate = self._gate, None
         if gate is not None:
-            gate._add(-1)
+            gate.add(-1)

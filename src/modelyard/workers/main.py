@@ -177,23 +177,25 @@ def _serve(channel: BlockingChannel, region: SharedRegion) -> int:
     if isinstance(reply, Failed):
         return 1
     limit = first.memory_limit_bytes
+    recv, send, infer = channel.recv, channel.send, runtime.infer
     while True:
-        msg = channel.recv()
-        if msg is None or isinstance(msg, Stop):
-            runtime.close()
-            return 0
-        if not isinstance(msg, Infer):
+        msg = recv()
+        if type(msg) is not Infer:  # the common message first, by one type test
+            if msg is None or isinstance(msg, Stop):
+                runtime.close()
+                return 0
             continue
+        tensors = msg.tensors
         region.remap(msg.region_bytes)
         try:
-            inputs = region.read(msg.tensors, copy=False)
-            outputs = runtime.infer(inputs)
+            inputs = region.read(tensors, copy=False)
+            outputs = infer(inputs)
             del inputs
-            metas, _ = region.write(outputs, start=region.end_of(msg.tensors))
+            metas = region.write_after(outputs, tensors)
         except Exception as exc:
-            channel.send(Failed(msg.seq, _infer_error(exc, limit)))
+            send(Failed(msg.seq, _infer_error(exc, limit)))
             continue
-        channel.send(InferDone(msg.seq, region.size, metas))
+        send(InferDone(msg.seq, region.size, metas))
 
 
 class _ChannelSink:

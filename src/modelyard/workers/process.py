@@ -249,8 +249,8 @@ class ProcessInstance(WorkerLink):
         # itself unless mapped weight files must be told apart (``_measure``).
         warm_up = request.warmup_inputs is None and spec.kind not in GENERATIVE_KINDS
         measure = warm_up and not spec.share_weights and not request.defer_footprint
-        self._send(Load(seq, spec, request.memory_limit_bytes, warm_up, measure), seq)
-        reply = await self._wait_reply(deadline, self._load_timeout_s)
+        load = Load(seq, spec, request.memory_limit_bytes, warm_up, measure)
+        reply = await self._wait_reply(deadline, self._load_timeout_s, load, seq)
         if isinstance(reply, Failed):
             err = ModelLoadError(reply.error.message)
             if reply.error.traceback_text:
@@ -321,8 +321,7 @@ class ProcessInstance(WorkerLink):
         except (TypeError, ValueError) as exc:
             raise InvalidInputError(f"cannot send the input to the worker: {exc}") from None
         seq = next(self._seqs)
-        self._send(Infer(seq, region.size, metas), seq)
-        reply = await self._wait_reply(deadline, timeout_s)
+        reply = await self._wait_reply(deadline, timeout_s, Infer(seq, region.size, metas), seq)
         if self._region is not region:
             raise self._crashed()  # the worker died just after answering; its region is gone
         if isinstance(reply, InferDone):

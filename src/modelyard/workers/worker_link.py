@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 from typing import Final
 
 from modelyard.errors import (
@@ -31,7 +32,7 @@ from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.handle import WorkerHandle
 from modelyard.workers.instance import ExitCallback, ReleaseCallback
 from modelyard.workers.limits import MemoryLimit
-from modelyard.workers.messages import Message, MessageError, Released, Stop
+from modelyard.workers.messages import InferDone, Message, MessageError, Released, Stop
 from modelyard.workers.streams import GenerationStreams
 
 __all__ = ["WorkerLink"]
@@ -41,6 +42,8 @@ _log = logging.getLogger("modelyard.workers.process")
 
 _EXIT_WAIT_S: Final = 5.0
 """How long to wait for the exit report of a worker we SIGKILLed."""
+_TIMER_SLACK_S: Final = 0.001
+"""A deadline timer that fires this close to the deadline has reached it."""
 _EOF_GRACE_S: Final = 1.0
 """A worker that closed its channel but is still running after this is killed."""
 _RELEASE_RETRIES: Final = 50
@@ -78,6 +81,11 @@ class WorkerLink:
         self._seqs = itertools.count(1)
         self._in_flight: int | None = None
         self._waiter: asyncio.Future[_Reply] | None = None
+        self._deadline = math.inf
+        """The loop time by which the call in flight (``_waiter``) must be answered."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        """When ``_timer`` fires: at or before ``_deadline`` while a call waits."""
         self._watchdog: asyncio.Task[None] | None = None
         self._name = ""
         self._started = False
@@ -126,18 +134,6 @@ class WorkerLink:
 
     # ------------------------------------------------------------------ channel I/O
 
-    def _send(self, msg: Message, seq: int) -> None:
-        channel = self._channel
-        if channel is None:
-            raise self._not_serving()
-        self._in_flight = seq
-        # If the worker is going, its exit report fails the waiter with the reason.
-        # (try/except, not contextlib.suppress: no context object on every request)
-        try:  # noqa: SIM105
-            channel.send(msg)
-        except ChannelClosedError:
-            pass
-
     def _send_now(self, msg: Message) -> None:
         """Send a stream's message (no reply awaited: its replies go to its stream)."""
         channel = self._channel
@@ -147,32 +143,80 @@ class WorkerLink:
         with contextlib.suppress(ChannelClosedError):
             channel.send(msg)
 
-    async def _wait_reply(self, deadline: float, timeout_s: float) -> Message:
-        """The reply to the message in flight; kills the worker if it overruns."""
+    async def _wait_reply(
+        self, deadline: float, timeout_s: float, msg: Message | None = None, seq: int = 0
+    ) -> Message:
+        """The reply to the message in flight, or to ``msg`` (numbered ``seq``) sent here;
+        kills the worker if it overruns.
+
+        The deadline is watched by one timer per link, not one per call (a uvloop timer
+        costs ~5 µs to start and cancel): it stays armed at the earliest deadline asked
+        for, and when it fires it ends the call in flight if that call's deadline has
+        come, else re-arms for it. Calls answered in time leave it alone.
+
+        The waiter, its deadline and the answer count are set up *before* ``msg``
+        is sent, so that the send is the last thing this loop does before it goes back
+        to polling: a Unix socket wakes its reader as a "sync" wake-up, which the
+        scheduler may place on the sender's core, where the worker then waits for the
+        sender to sleep (BENCHMARKS.md §5, session 9).
+        """
         loop = self._loop
         assert loop is not None
         if self._exit_reason is not None:
             raise self._crashed()
+        channel = self._channel
+        if msg is not None and channel is None:
+            raise self._not_serving()
         fut: asyncio.Future[_Reply] = loop.create_future()
         self._waiter = fut
-        timer = loop.call_at(deadline, _expire, fut)
-        # A call to a serving model (not its start): background work waits for its answer.
-        pending = self._answers.begin() if self._ready else None
+        self._deadline = deadline
+        if deadline < self._timer_at:
+            self._arm_timer(loop, deadline)
+        # A call to a serving model (not its start): background work waits for its answer
+        # (counted here and undone in the ``finally``: no object per call).
+        answers = self._answers if self._ready else None
+        if answers is not None:
+            answers.add(1)
         try:
+            if msg is not None:
+                self._in_flight = seq
+                # If the worker is going, its exit report fails the waiter with the reason.
+                try:  # noqa: SIM105  (no context object on every request)
+                    channel.send(msg)  # type: ignore[union-attr]  # checked above
+                except ChannelClosedError:
+                    pass
             reply = await fut
         finally:
-            if pending is not None:
-                pending.end()
-            timer.cancel()
+            if answers is not None:
+                answers.add(-1)
             if self._waiter is fut:
                 self._waiter = None
-        if isinstance(reply, _Expired):
+        if reply is _EXPIRED:
             await self._kill_and_wait(f"killed after overrunning its deadline ({timeout_s:.3f}s)")
             raise DeadlineExceededError(
                 f"model {self._name!r} did not answer within {timeout_s:.3f}s, the request's "
                 "deadline; its worker was killed and is being restarted"
             )
-        return reply
+        return reply  # type: ignore[return-value]  # not _EXPIRED, checked above
+
+    def _arm_timer(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = None, math.inf
+        if not math.isinf(when):
+            self._timer = loop.call_at(when, self._on_timer)
+            self._timer_at = when
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        waiter, loop = self._waiter, self._loop
+        if waiter is None or waiter.done() or loop is None:
+            return
+        # A timer may fire up to a millisecond early (uvloop counts whole milliseconds).
+        if loop.time() + _TIMER_SLACK_S < self._deadline:
+            self._arm_timer(loop, self._deadline)  # armed for an earlier call's deadline
+        else:
+            waiter.set_result(_EXPIRED)
 
     # ---------------------------------------------------------------- worker events
 
@@ -182,6 +226,13 @@ class WorkerLink:
         self._on_released = callback
 
     def _on_message(self, msg: Message) -> None:
+        if type(msg) is InferDone:  # the common reply: never a stream's
+            if msg.seq == self._in_flight:
+                self._in_flight = None
+                waiter = self._waiter
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(msg)
+            return
         if self._streams.owns(msg):
             return
         if isinstance(msg, Released):
@@ -309,6 +360,9 @@ class WorkerLink:
             limit, self._limit = self._limit, None
             if limit is not None:
                 self._release_limit(limit, _RELEASE_RETRIES)
+        timer, self._timer, self._timer_at = self._timer, None, math.inf
+        if timer is not None:
+            timer.cancel()
         watchdog = self._watchdog
         if watchdog is not None and watchdog is not asyncio.current_task():
             watchdog.cancel()
@@ -336,8 +390,3 @@ class WorkerLink:
         if self._stopping:
             return ModelNotReadyError(f"model {self._name!r}: this replica was stopped")
         return ModelNotReadyError("this replica has not been started")
-
-
-def _expire(fut: asyncio.Future[_Reply]) -> None:
-    if not fut.done():
-        fut.set_result(_EXPIRED)

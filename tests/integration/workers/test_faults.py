@@ -152,6 +152,32 @@ async def test_a_hang_is_killed_at_the_deadline(start_instance: Starter) -> None
     assert reasons[0].startswith("killed after overrunning its deadline")
 
 
+async def test_a_short_deadline_after_a_long_one_is_still_kept(start_instance: Starter) -> None:
+    # One deadline timer per worker, armed at the earliest deadline asked for: a call
+    # answered in time leaves it armed at its own (long) deadline, and a later call's
+    # shorter one must still be watched.
+    instance = await start_instance(fault_spec("HangingModel"))
+    await instance.infer(_hang_inputs(0), timeout_s=30.0)
+    t0 = time.monotonic()
+
+    with pytest.raises(DeadlineExceededError, match="did not answer within"):
+        await instance.infer(_hang_inputs(-1), timeout_s=0.3)
+
+    assert time.monotonic() - t0 < 0.3 + 1.0
+
+
+async def test_an_earlier_calls_deadline_does_not_end_a_later_call(start_instance: Starter) -> None:
+    # The timer stays armed at the first call's deadline (0.3 s away) after its answer;
+    # when it fires, the later call's own deadline (5 s) has not come, so it runs on.
+    instance = await start_instance(fault_spec("HangingModel"))
+    await instance.infer(_hang_inputs(0), timeout_s=0.3)
+
+    out = await instance.infer(_hang_inputs(700), timeout_s=5.0)
+
+    assert out["y"].shape == (2,)
+    assert instance.is_alive
+
+
 async def test_calls_queued_behind_a_hang_time_out_without_killing(start_instance: Starter) -> None:
     instance = await start_instance(fault_spec("HangingModel"))
     first = asyncio.ensure_future(instance.infer(_hang_inputs(400), timeout_s=5.0))

@@ -110,3 +110,61 @@ def test_closing_a_region_releases_both_of_its_descriptors() -> None:
     assert len(os.listdir("/proc/self/fd")) == before + 2
     region.close()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_write_after_places_outputs_past_the_inputs_as_write_does(region: SharedRegion) -> None:
+    inputs, _ = region.write({"x": np.zeros((2, 3), np.float32)})
+    metas = region.write_after({"y": np.ones(5, np.int64)}, inputs)
+    assert metas[0].offset == region.end_of(inputs)
+    np.testing.assert_array_equal(region.read(metas, copy=True)["y"], np.ones(5))
+
+
+def test_write_after_reuses_a_layout_only_while_it_matches(region: SharedRegion) -> None:
+    inputs, _ = region.write({"x": np.zeros(4, np.float32)})
+    first = region.write_after({"y": np.full(3, 1.0, np.float32)}, inputs)
+    again = region.write_after({"y": np.full(3, 2.0, np.float32)}, inputs)
+    assert again is first  # the same layout: only the bytes were copied
+    np.testing.assert_array_equal(region.read(again, copy=True)["y"], [2.0, 2.0, 2.0])
+    changes: list[tuple[dict[str, np.ndarray], tuple[TensorMeta, ...]]] = [
+        ({"y": np.full(4, 3.0, np.float32)}, inputs),  # another shape
+        ({"y": np.full(4, 4, np.int32)}, inputs),  # another dtype
+        ({"z": np.full(4, 5, np.int32)}, inputs),  # another name
+        ({"z": np.full(4, 6, np.int32), "w": np.ones(2)}, inputs),  # another count
+        ({"z": np.array([b"ab", b"c"], dtype=object)}, inputs),  # BYTES: never reused
+        ({"z": np.full(4, 7, np.int32)}, region.write({"x": np.zeros(40, np.float32)})[0]),
+    ]
+    for outputs, after in changes:
+        metas = region.write_after(outputs, after)
+        assert metas[0].offset == region.end_of(after)
+        out = region.read(metas, copy=True)
+        for name, value in outputs.items():
+            assert out[name].tolist() == value.tolist()
+
+
+def test_write_after_follows_a_new_mapping(region: SharedRegion) -> None:
+    inputs, _ = region.write({"x": np.zeros(4, np.float32)})
+    first = region.write_after({"y": np.zeros(3, np.float32)}, inputs)
+    region.ensure(MIN_REGION_BYTES * 3)  # remapped: the old views are of the old mapping
+    metas = region.write_after({"y": np.full(3, 9.0, np.float32)}, inputs)
+    assert metas is not first
+    peer = SharedRegion(os.dup(region.fd), region.size)
+    try:
+        np.testing.assert_array_equal(peer.read(metas, copy=True)["y"], [9.0, 9.0, 9.0])
+    finally:
+        peer.close()
+
+
+def test_write_reuses_a_layout_only_from_the_same_start(region: SharedRegion) -> None:
+    first, end = region.write({"x": np.zeros(4, np.float32)})
+    again, again_end = region.write({"x": np.ones(4, np.float32)})
+    assert again is first  # only the bytes were copied
+    assert again_end == end
+    np.testing.assert_array_equal(region.read(again, copy=True)["x"], np.ones(4))
+    moved, _ = region.write({"x": np.full(4, 2.0, np.float32)}, start=end)
+    assert moved[0].offset == end
+    strided = np.arange(12, dtype=np.float32)[::3]  # same layout, not contiguous
+    assert region.write({"x": strided})[0] == first  # the start changed back: rebuilt
+    np.testing.assert_array_equal(region.read(first, copy=True)["x"], strided)
+    wider, _ = region.write({"x": np.full(5, 3.0, np.float32)})
+    assert wider[0].shape == (5,)
+    np.testing.assert_array_equal(region.read(wider, copy=True)["x"], np.full(5, 3.0))
