@@ -16,6 +16,7 @@ expose that flag as a keyword, so the model is loaded through the low-level API.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import queue
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from typing import Any
 
 from modelyard.errors import InternalError, InvalidInputError, ServerError
 from modelyard.protocol.generate import FINISH_LENGTH, FINISH_STOP
-from modelyard.repository.gguf import llama_dims, read_metadata
+from modelyard.repository.gguf import GGUFError, GGUFValue, LlamaDims, llama_dims, read_metadata
 from modelyard.runtimes.base import RuntimeSpec, find_model_file
 from modelyard.runtimes.chat_template import compile_chat_template
 from modelyard.runtimes.generation import (
@@ -79,6 +80,46 @@ def prepare_fork_server() -> None:
     compile_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
 
 
+def _dims(llama: Any, model: Any, path: Path) -> LlamaDims:
+    """The model's dimensions from the metadata llama.cpp has already read (microseconds),
+    else from the file's header (a millisecond or more of Python parsing)."""
+    arch = _meta(llama, model, "general.architecture")
+    if arch:
+        meta: dict[str, GGUFValue] = {"general.architecture": arch}
+        for key in _DIM_KEYS:
+            value = _meta(llama, model, f"{arch}.{key}")
+            if value is not None:
+                try:
+                    meta[f"{arch}.{key}"] = int(value)
+                except ValueError:  # an array (per-layer counts): the header says
+                    break
+        else:
+            with contextlib.suppress(GGUFError):
+                return llama_dims(meta)
+    return llama_dims(read_metadata(path))
+
+
+_DIM_KEYS = (
+    "context_length",
+    "block_count",
+    "embedding_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "feed_forward_length",
+)
+_META_BYTES = 256
+
+
+def _meta(llama: Any, model: Any, key: str) -> str | None:
+    buf = ctypes.create_string_buffer(_META_BYTES)
+    n = llama.llama_model_meta_val_str(model, key.encode(), buf, _META_BYTES)
+    if n < 0 or n >= _META_BYTES:
+        return None
+    return buf.value.decode("utf-8", errors="replace")
+
+
 @dataclass(slots=True)
 class _Sequence:
     """A job in a sequence slot: its tokens, sampler and text so far."""
@@ -113,6 +154,7 @@ class LlamaCppRuntime(GenerationThread):
         self._vocab: Any = None
         self._batch: Any = None
         self._template: Any = None
+        self._template_source: str | None = None
         self._bos_text = ""
         self._eos_text = ""
         self._n_ctx = 0
@@ -138,8 +180,6 @@ class LlamaCppRuntime(GenerationThread):
         llama = self._llama = llama_cpp
         _init_backend(llama)
         path = find_model_file(Path(spec.version_dir), (".gguf",), spec.model_file)
-        dims = llama_dims(read_metadata(path))
-        n_ctx = int_option(spec, "n_ctx", 0) or min(dims.context_length, DEFAULT_MAX_CONTEXT)
         self._parallel = parallel = max(1, int_option(spec, "parallel", 1))
         self._n_batch = max(parallel, int_option(spec, "n_batch", 512))
         threads = max(1, int_option(spec, "n_threads", 2))
@@ -153,6 +193,8 @@ class LlamaCppRuntime(GenerationThread):
         if not self._model:
             raise ValueError(f"llama.cpp could not load {path}")
         self._vocab = llama.llama_model_get_vocab(self._model)
+        dims = _dims(llama, self._model, path)
+        n_ctx = int_option(spec, "n_ctx", 0) or min(dims.context_length, DEFAULT_MAX_CONTEXT)
 
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = n_ctx * parallel
@@ -171,19 +213,27 @@ class LlamaCppRuntime(GenerationThread):
         self._n_ctx = llama.llama_n_ctx(self._ctx) // parallel
         self._kv_bytes = self._n_ctx * parallel * dims.kv_bytes_per_token(KV_ELEMENT_BYTES)
         self._batch = llama.llama_batch_init(self._n_batch, 0, 1)
-        self._load_template(llama)
-        self._warm_up()
-
-    def _load_template(self, llama: Any) -> None:
-        raw = llama.llama_model_chat_template(self._model, None)
         self._bos_text = self._piece(llama.llama_vocab_bos(self._vocab), special=True)
         self._eos_text = self._piece(llama.llama_vocab_eos(self._vocab), special=True)
-        if raw:
-            self._template = compile_chat_template(raw.decode("utf-8", errors="replace"))
+        # The chat template is compiled when a chat request first needs it (2-3 ms on a
+        # switch's path otherwise, which a completion never uses).
+        raw = llama.llama_model_chat_template(self._model, None)
+        self._template_source = raw.decode("utf-8", errors="replace") if raw else None
 
-    def _warm_up(self) -> None:
-        # One evaluated token allocates the compute buffers, so the footprint measured
-        # after the load includes them; the cache is emptied again.
+    def chat_template(self) -> Any:
+        """The model's chat template, compiled on first use; None if it has none."""
+        if self._template is None and self._template_source is not None:
+            self._template = compile_chat_template(self._template_source)
+        return self._template
+
+    def warm_up(self) -> None:
+        """Evaluate one token, then empty the cache: the compute buffers are allocated
+        and the weights' pages mapped, so a footprint measured next includes them.
+
+        Not part of :meth:`load`: a request waiting for the load evaluates its prompt
+        first, which does the same (a decode costs 6-7 ms on a 60 MB model, and the
+        prompt after it only 0-2 ms less).
+        """
         llama = self._llama
         token = llama.llama_vocab_bos(self._vocab)
         self._set_batch([(token, 0, 0, True)])
@@ -374,10 +424,10 @@ class LlamaCppRuntime(GenerationThread):
     def _render(self, job: GenerationJob) -> str:
         if job.messages is None:
             return job.prompt or ""
-        if self._template is None:
+        if self._template_source is None:
             raise InvalidInputError("this model has no chat template; send a prompt instead")
         try:
-            text = self._template.render(
+            text = self.chat_template().render(
                 messages=[{"role": r, "content": c} for r, c in job.messages],
                 add_generation_prompt=True,
                 bos_token=self._bos_text,
