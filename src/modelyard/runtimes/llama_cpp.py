@@ -16,7 +16,6 @@ expose that flag as a keyword, so the model is loaded through the low-level API.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import queue
 from dataclasses import dataclass, field
@@ -25,7 +24,6 @@ from typing import Any
 
 from modelyard.errors import InternalError, InvalidInputError, ServerError
 from modelyard.protocol.generate import FINISH_LENGTH, FINISH_STOP
-from modelyard.repository.gguf import GGUFError, GGUFValue, LlamaDims, llama_dims, read_metadata
 from modelyard.runtimes.base import RuntimeSpec, find_model_file
 from modelyard.runtimes.chat_template import compile_chat_template
 from modelyard.runtimes.generation import (
@@ -35,6 +33,7 @@ from modelyard.runtimes.generation import (
     int_option,
 )
 from modelyard.runtimes.generation_thread import GenerationThread
+from modelyard.runtimes.llama_dims import model_dims
 from modelyard.runtimes.textstream import TextStream
 
 DEFAULT_MAX_CONTEXT = 4096
@@ -78,46 +77,6 @@ def prepare_fork_server() -> None:
     # jinja2 builds its lexer (a dozen regular expressions) per environment settings on
     # first use; building it here saves each worker 3-4 ms of its chat template's compile.
     compile_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-
-
-def _dims(llama: Any, model: Any, path: Path) -> LlamaDims:
-    """The model's dimensions from the metadata llama.cpp has already read (microseconds),
-    else from the file's header (a millisecond or more of Python parsing)."""
-    arch = _meta(llama, model, "general.architecture")
-    if arch:
-        meta: dict[str, GGUFValue] = {"general.architecture": arch}
-        for key in _DIM_KEYS:
-            value = _meta(llama, model, f"{arch}.{key}")
-            if value is not None:
-                try:
-                    meta[f"{arch}.{key}"] = int(value)
-                except ValueError:  # an array (per-layer counts): the header says
-                    break
-        else:
-            with contextlib.suppress(GGUFError):
-                return llama_dims(meta)
-    return llama_dims(read_metadata(path))
-
-
-_DIM_KEYS = (
-    "context_length",
-    "block_count",
-    "embedding_length",
-    "attention.head_count",
-    "attention.head_count_kv",
-    "attention.key_length",
-    "attention.value_length",
-    "feed_forward_length",
-)
-_META_BYTES = 256
-
-
-def _meta(llama: Any, model: Any, key: str) -> str | None:
-    buf = ctypes.create_string_buffer(_META_BYTES)
-    n = llama.llama_model_meta_val_str(model, key.encode(), buf, _META_BYTES)
-    if n < 0 or n >= _META_BYTES:
-        return None
-    return buf.value.decode("utf-8", errors="replace")
 
 
 @dataclass(slots=True)
@@ -193,7 +152,7 @@ class LlamaCppRuntime(GenerationThread):
         if not self._model:
             raise ValueError(f"llama.cpp could not load {path}")
         self._vocab = llama.llama_model_get_vocab(self._model)
-        dims = _dims(llama, self._model, path)
+        dims = model_dims(llama, self._model, path)
         n_ctx = int_option(spec, "n_ctx", 0) or min(dims.context_length, DEFAULT_MAX_CONTEXT)
 
         cparams = llama.llama_context_default_params()

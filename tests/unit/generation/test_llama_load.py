@@ -13,6 +13,7 @@ import pytest
 from modelyard.repository.gguf import llama_dims, read_metadata
 from modelyard.runtimes import chat_template
 from modelyard.runtimes import llama_cpp as llama_runtime
+from modelyard.runtimes import llama_dims as llama_dims_module
 from modelyard.runtimes.base import RuntimeSpec
 from modelyard.runtimes.generation import GenerationJob
 from tests.unit.generation.sinks import CollectingSink
@@ -85,7 +86,7 @@ def test_the_load_reads_the_dimensions_from_llama_cpp_not_the_header(
     def no_parse(path: Path) -> Any:
         raise AssertionError(f"{path} parsed again")
 
-    monkeypatch.setattr(llama_runtime, "read_metadata", no_parse)
+    monkeypatch.setattr(llama_dims_module, "read_metadata", no_parse)
     runtime = llama_runtime.LlamaCppRuntime()
     runtime.load(RuntimeSpec("llama_cpp", str(gguf_folder), "m", options={"n_threads": "1"}))
     try:
