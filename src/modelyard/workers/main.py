@@ -237,9 +237,10 @@ def _serve_generation(channel: BlockingChannel, first: Load, warmed: tuple[str, 
         t0 = time.perf_counter()
         runtime.load(first.spec)
         t1 = time.perf_counter()
+        load_s, warmup_s = t1 - t0, 0.0
         if first.warm_up:  # else the prompt of the request waiting for it comes first
             runtime.warm_up()
-        load_s, warmup_s = t1 - t0, time.perf_counter() - t1 if first.warm_up else 0.0
+            warmup_s = time.perf_counter() - t1
     except Exception as exc:
         message = f"model {first.spec.model_name!r} failed to load: {type(exc).__name__}: {exc}"
         info = ErrorInfo(ErrorCode.MODEL_LOAD_FAILED.value, message, traceback.format_exc())
