@@ -16,6 +16,7 @@ import os
 import signal
 from pathlib import Path
 
+import httpx
 import pytest
 
 from modelyard.app import App
@@ -344,3 +345,25 @@ async def test_a_generative_model_on_a_core_set_runs_pinned_to_it(
         assert record.info is not None
         assert record.info.pid is not None
         assert os.sched_getaffinity(record.info.pid) == {1}
+
+
+async def test_a_load_a_request_waits_for_leaves_the_warm_up_decode_to_its_prompt(
+    llm_root: Path,
+) -> None:
+    a = llm_model("llama-a", generation={"n_ctx": 256, "parallel": 1})
+    b = llm_model("llama-b", generation={"n_ctx": 256, "parallel": 1})
+
+    async def warm_up_s(client: httpx.AsyncClient, name: str) -> float:
+        r = await client.get("/v2/stats")
+        row = next(m for m in r.json()["models"] if m["name"] == name)
+        return float(row["last_load"]["warmup_s"])
+
+    async with running_server(_config(llm_root, a, b)) as (_app, client):
+        r = await client.post("/v2/repository/models/llama-a/load")
+        assert r.status_code == 200, r.text
+        assert await warm_up_s(client, "llama-a") > 0, "nobody waited: it warmed up"
+        r = await client.post(
+            "/v2/models/llama-b/generate", json={"text_input": PROMPT, "max_tokens": 3}
+        )
+        assert r.status_code == 200, r.text
+        assert await warm_up_s(client, "llama-b") == 0, "the request's prompt came first"

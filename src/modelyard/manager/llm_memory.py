@@ -87,10 +87,33 @@ def context_tokens(dims: LlamaDims, config: GenerationConfig) -> int:
     return config.n_ctx or min(dims.context_length, DEFAULT_MAX_CONTEXT)
 
 
+_HEADERS_KEPT = 256
+_headers: dict[tuple[str, int, int, int], tuple[LlamaDims, int]] = {}
+
+
+def header_dims(path: Path) -> tuple[LlamaDims, int]:
+    """The dimensions in the GGUF header at ``path`` and the file's size (GGUFError if
+    the header cannot be read), kept by the file's identity (path, inode, size, modification
+    time: a file rewritten or replaced is read again).
+
+    A switch to a model asked for its header four or five times on the event loop (the
+    request's context check, the estimate, the placement, the offload plan, the worker's
+    options), each a Python parse of the whole key/value section (0.3-1 ms).
+    """
+    st = path.stat()
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    found = _headers.get(key)
+    if found is None:
+        if len(_headers) >= _HEADERS_KEPT:
+            del _headers[next(iter(_headers))]  # the oldest: insertion order
+        found = _headers[key] = (llama_dims(read_metadata(path)), st.st_size)
+    return found
+
+
 def estimate_gguf(path: Path, config: GenerationConfig) -> GgufEstimate:
     """The reservation of the GGUF file at ``path`` under ``config`` (GGUFError if the
     header cannot be read)."""
-    dims = llama_dims(read_metadata(path))
+    dims, file_bytes = header_dims(path)
     n_ctx = context_tokens(dims, config)
     kv = n_ctx * config.parallel * dims.kv_bytes_per_token(KV_ELEMENT_BYTES)
     n_batch = max(config.parallel, config.n_batch)
@@ -99,7 +122,7 @@ def estimate_gguf(path: Path, config: GenerationConfig) -> GgufEstimate:
     # (10 and 60 MB: 25 and 45 MiB measured besides the KV cache, 35 and 44 estimated).
     step = n_batch * (dims.vocab_size + 10 * dims.width + 3 * dims.feed_forward) * 4
     return GgufEstimate(
-        file_bytes=path.stat().st_size,
+        file_bytes=file_bytes,
         kv_cache_bytes=kv,
         compute_bytes=step + RUNTIME_OVERHEAD_BYTES,
         n_ctx=n_ctx,
@@ -116,7 +139,7 @@ def context_length_of(record: ModelRecord) -> int | None:
         return cfg.generation.n_ctx
     try:
         path = find_model_file(record.path, (".gguf",), record.model_file)
-        return context_tokens(llama_dims(read_metadata(path)), cfg.generation)
+        return context_tokens(header_dims(path)[0], cfg.generation)
     except (OSError, GGUFError):
         return cfg.generation.n_ctx
 

@@ -52,4 +52,4 @@ def start_request(
         model_file=record.model_file,
     )
     warmup = {k: np.asarray(v) for k, v in cfg.warmup_inputs.items()} if cfg.warmup_inputs else None
-    return StartRequest(spec, warmup, limit)
+    return StartRequest(spec, warmup, limit, awaited=record.requests_awaiting_load > 0)

@@ -80,7 +80,12 @@ class GenerativeRuntime(Protocol):
         ...
 
     def load(self, spec: RuntimeSpec) -> None:
-        """Load (and warm up) the model; raise on any failure."""
+        """Load the model; raise on any failure."""
+        ...
+
+    def warm_up(self) -> None:
+        """Run what a first request would allocate (compute buffers), so that a
+        footprint measured before any request includes it; raise on failure."""
         ...
 
     def start(self, sink: GenerationSink) -> None:

@@ -74,7 +74,11 @@ class CausalLMRuntime(GenerationThread):
         self._n_ctx = int_option(spec, "n_ctx", 0) or min(trained, 4096)
         eos = self._model.config.eos_token_id
         self._eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        with torch.inference_mode():  # warm-up: the first forward allocates
+
+    def warm_up(self) -> None:
+        """One forward pass of one token: the first forward allocates."""
+        torch = self._torch
+        with torch.inference_mode():
             self._model(input_ids=torch.tensor([[self._first_token()]]), use_cache=True)
 
     def _first_token(self) -> int:

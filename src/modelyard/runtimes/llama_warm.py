@@ -171,6 +171,8 @@ def prewarm() -> bool:
             # llama.cpp's smallest context (256), one thread: no OpenMP pool.
             options = {"n_ctx": "256", "n_threads": "1"}
             runtime.load(RuntimeSpec("llama_cpp", folder, "warm", options=options))
+            runtime.warm_up()
+            runtime.chat_template()
         finally:
             runtime.close()
     return True

@@ -51,6 +51,10 @@ class StartRequest:
     serves on its admission reservation at once and the manager asks for the measured
     footprint right after (see :class:`DeferredFootprint`). Instances that cannot defer
     measure in ``start`` as before."""
+    awaited: bool = False
+    """A request waits for this start: a generative model skips its warm-up decode, as
+    the request's prompt, decoded next, does the same work (allocates the compute
+    buffers before the footprint, which waits for that first answer, is measured)."""
 
 
 @runtime_checkable

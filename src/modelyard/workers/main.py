@@ -238,7 +238,11 @@ def _serve_generation(channel: BlockingChannel, first: Load, warmed: tuple[str, 
         runtime: GenerativeRuntime = create_generative_runtime(first.spec.kind)
         t0 = time.perf_counter()
         runtime.load(first.spec)
-        load_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        load_s, warmup_s = t1 - t0, 0.0
+        if first.warm_up:  # else the prompt of the request waiting for it comes first
+            runtime.warm_up()
+            warmup_s = time.perf_counter() - t1
     except Exception as exc:
         message = f"model {first.spec.model_name!r} failed to load: {type(exc).__name__}: {exc}"
         info = ErrorInfo(ErrorCode.MODEL_LOAD_FAILED.value, message, traceback.format_exc())
@@ -256,6 +260,7 @@ def _serve_generation(channel: BlockingChannel, first: Load, warmed: tuple[str, 
             st.context_length,
             st.parallel,
             st.kv_cache_bytes,
+            warmup_s=warmup_s,
             warmed=warmed,
         )
     )

@@ -71,7 +71,8 @@ class Load(msgspec.Struct, frozen=True, array_like=True, tag="l"):
     memory_limit_bytes: int | None = None
     warm_up: bool = False
     """Run one generated batch right after the load (a tensor model without configured
-    warm-up inputs), saving the server a round trip."""
+    warm-up inputs), saving the server a round trip; a generative model: decode one
+    token (left to the first request's prompt when one waits for the load)."""
     measure: bool = False
     """Then read this process's own memory (``smaps_rollup``) into the reply."""
 

@@ -137,10 +137,12 @@ class ProcessInstance(WorkerLink):
             finally:
                 await limit
             t1 = time.perf_counter()
-            if loaded.warmup_s < 0 and not loaded.context_length:
-                # Configured warm-up inputs (a generative runtime warmed up as it loaded).
-                await self._warm_up(request, loaded, deadline)
-            warmup_s = loaded.warmup_s if loaded.warmup_s >= 0 else time.perf_counter() - t1
+            if loaded.context_length:  # generative: its worker's one decode, 0 if skipped
+                warmup_s = max(0.0, loaded.warmup_s)
+            else:
+                if loaded.warmup_s < 0:  # configured warm-up inputs
+                    await self._warm_up(request, loaded, deadline)
+                warmup_s = loaded.warmup_s if loaded.warmup_s >= 0 else time.perf_counter() - t1
             sample: MemorySample | None = None
             footprint, mapped = 0, 0
             if request.defer_footprint:
@@ -247,8 +249,12 @@ class ProcessInstance(WorkerLink):
         spec = request.spec
         # Generated warm-up inputs: the worker warms up as it loads, and then measures
         # itself unless mapped weight files must be told apart (``_measure``).
-        warm_up = request.warmup_inputs is None and spec.kind not in GENERATIVE_KINDS
+        generative = spec.kind in GENERATIVE_KINDS
+        warm_up = request.warmup_inputs is None and not generative
         measure = warm_up and not spec.share_weights and not request.defer_footprint
+        # A generative model warms up (one decode) unless a request waits for this load:
+        # its prompt is decoded first and does what the warm-up would, sooner.
+        warm_up = warm_up or (generative and not request.awaited)
         load = Load(seq, spec, request.memory_limit_bytes, warm_up, measure)
         reply = await self._wait_reply(deadline, self._load_timeout_s, load, seq)
         if isinstance(reply, Failed):

@@ -38,3 +38,18 @@ def test_nothing_is_claimed_for_memory_a_close_keeps() -> None:
         assert not released.unmapped
     finally:
         kept.close()
+
+
+def test_the_anonymous_memory_read_is_the_kernels_rss_anon() -> None:
+    def rss_anon() -> int:
+        with open("/proc/self/status", encoding="ascii") as f:
+            line = next(line for line in f if line.startswith("RssAnon:"))
+        return int(line.split()[1]) * 1024
+
+    kept = _touched(8 * MIB)
+    try:
+        before, read, after = rss_anon(), resident_anon_bytes(), rss_anon()
+        # The same counter (the reads themselves allocate a little between them).
+        assert min(before, after) - MIB <= read <= max(before, after) + MIB
+    finally:
+        kept.close()

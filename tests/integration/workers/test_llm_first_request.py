@@ -1,0 +1,50 @@
+"""A llama.cpp worker whose load a request waits for leaves its warm-up decode to that
+request's prompt (decoded next, doing the same allocations); one loaded with nobody
+waiting warms up, so that a footprint measured before any request includes the compute
+buffers. Either way the output is llama.cpp's own."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from modelyard.runtimes.base import RuntimeSpec
+from modelyard.workers.factory import WorkerFactory
+from modelyard.workers.forkserver import preload_for
+from modelyard.workers.instance import StartRequest
+from modelyard.workers.process import ProcessInstance
+from tests.integration.llm_models import N_CTX, N_TOKENS, greedy_request
+
+from .conftest import TEST_FACTORY_CONFIG
+
+pytest.importorskip("llama_cpp", reason="the llm extra runs GGUF models")
+pytest.importorskip("gguf", reason="the llm extra writes the test models")
+
+
+@pytest.mark.parametrize("awaited", [True, False])
+async def test_a_llama_worker_warms_up_only_when_no_request_waits_for_its_load(
+    llm_root: Path, expected: list[int], awaited: bool
+) -> None:
+    config = dataclasses.replace(
+        TEST_FACTORY_CONFIG, preload=preload_for(["llama_cpp"]), spare_workers=0
+    )
+    factory = WorkerFactory(config)
+    await factory.start()
+    instance = ProcessInstance(factory)
+    options = {"n_ctx": str(N_CTX), "n_threads": "1", "n_batch": "64"}
+    spec = RuntimeSpec("llama_cpp", str(llm_root / "llama-a" / "1"), "llama-a", options=options)
+    try:
+        info = await instance.start(StartRequest(spec, awaited=awaited))
+        if awaited:
+            assert info.warmup_s == 0.0, "the waiting request's prompt is the first decode"
+        else:
+            assert info.warmup_s > 0.0, "nobody waits: the worker decoded one token"
+        ids: list[int] = []
+        async for chunk in instance.generate(greedy_request(N_TOKENS)):
+            ids += chunk.token_ids
+        assert ids == expected
+    finally:
+        await instance.stop()
+        await factory.close()
