@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from modelyard.manager.eviction import ArrivalCostPolicy, EvictionPolicy
+from modelyard.manager.eviction import CORRELATED_S, ArrivalCostPolicy, EvictionPolicy
 
-HOT_CORRELATED_S = 0.2
+HOT_CORRELATED_S = CORRELATED_S
 """Requests of one model closer than this are (part of) one episode for the hot rule."""
 
 
