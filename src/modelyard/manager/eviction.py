@@ -180,6 +180,9 @@ CORRELATED_S = 1.0
 """Requests closer together than this are one episode (a burst pays one cold start)."""
 LOADS_KEPT = 5
 """``arrival-cost`` takes a model's reload time as the fastest of this many last loads."""
+MID_EPISODE_S = 0.2
+"""A model asked for less than this long ago is inside an episode (a burst, between two
+of its requests): ``arrival-cost`` evicts it only after every other idle candidate."""
 
 
 class ArrivalCostPolicy:
@@ -212,15 +215,19 @@ class ArrivalCostPolicy:
         *,
         prior_gaps: float = 10.0,
         period_s: float | None = DAY_S,
+        mid_episode_s: float = MID_EPISODE_S,
     ) -> None:
         self.episodes = DemandTracker(half_life_s)
         self.time_of_day = TimeOfDay(period_s) if period_s else None
         self.gaps = GapHistograms(prior_gaps=prior_gaps)
         self.correlated_s = correlated_s
+        self.mid_episode_s = mid_episode_s
         self.now = 0.0
         self._last: dict[ModelKey, float] = {}
         self._loads: dict[ModelKey, tuple[int, list[float]]] = {}
         """Per model: its load count when last seen, and its last loads' durations."""
+        self._cost: dict[ModelKey, float] = {}
+        """Per model: its reload seconds per MiB when last seen resident."""
         self.prewarm_factor: Callable[[str, float], float] | None = None
         """Its pre-warm window's say on a model's value (:mod:`~modelyard.manager.prewarm`:
         little until the prefetcher loads it back, much while its request is due; set
@@ -231,11 +238,27 @@ class ArrivalCostPolicy:
         key = record.key
         idle = self.now - self._last.get(key, self.now)
         rate = self.episodes.demand(key, self.now)
-        cost = self.reload_s(record) / _size_mib(record)
+        cost = self._cost_of(record)
         cycle = self.time_of_day.factor(key, self.now) if self.time_of_day else 1.0
         if self.prewarm_factor is not None:
             cycle *= self.prewarm_factor(key.name, self.now)
         return rate * cost * self.gaps.urgency(key, idle) * cycle
+
+    def _cost_of(self, record: ModelRecord) -> float:
+        cost = self.reload_s(record) / _size_mib(record)
+        if record.reserved_bytes > 0:
+            self._cost[record.key] = cost
+        return cost
+
+    def hot_scale(self, key: Hashable, now: float) -> float:
+        """What the hot-model rule multiplies a model's recent demand by: its reload
+        seconds per MiB (0 until the policy has seen it resident), times the time of
+        day's factor. Ranked by demand alone, the hot set (up to half the budget) held
+        big models that save fewer seconds per byte than the small ones it left out."""
+        cost = self._cost.get(key, 0.0) if isinstance(key, ModelKey) else 0.0
+        if cost and self.time_of_day is not None:
+            cost *= self.time_of_day.factor(key, now)
+        return cost
 
     def reload_s(self, record: ModelRecord) -> float:
         """The fastest of the model's last :data:`LOADS_KEPT` loads (its last one's
@@ -253,17 +276,29 @@ class ArrivalCostPolicy:
             self._loads[record.key] = seen = (n, kept)
         return min(seen[1]) if seen else reload_seconds(record)
 
+    def mid_episode(self, record: ModelRecord) -> bool:
+        """Whether ``record`` was asked for less than ``mid_episode_s`` ago (as of the
+        last request the policy saw): inside a burst, between two of its requests."""
+        last = self._last.get(record.key)
+        return last is not None and self.now - last < self.mid_episode_s
+
     def order(self, candidates: Sequence[ModelRecord]) -> list[ModelRecord]:
-        """Idle before busy, lower importance first, then lowest value, then oldest use."""
-        return sorted(candidates, key=lambda r: (*_front(r), self.value(r), r.stats.last_used))
+        """Idle before busy, lower importance first, models inside an episode last, then
+        lowest value, then oldest use."""
+        return sorted(
+            candidates,
+            key=lambda r: (*_front(r), self.mid_episode(r), self.value(r), r.stats.last_used),
+        )
 
     def on_evict(self, record: ModelRecord) -> None:
         """Nothing to reset: the model's rate and gaps outlive its residency."""
+        self._cost_of(record)
 
     def on_request(self, record: ModelRecord, now: float) -> None:
         """Count the request as (part of) an episode and record the gap it ends."""
         key = record.key
         self.now = max(self.now, now)
+        self._cost_of(record)
         last = self._last.get(key)
         weight = 1.0
         if last is not None:
@@ -323,12 +358,13 @@ def make_policy(
 
 
 def demand_scale(policy: EvictionPolicy) -> Callable[[Hashable, float], float] | None:
-    """What the hot-model rule multiplies recent demand by for ``policy``: its time of
-    day's factor, if it keeps one. At dusk the day's favourites still have the highest
+    """What the hot-model rule multiplies recent demand by for ``policy``: with
+    ``arrival-cost``, :meth:`ArrivalCostPolicy.hot_scale` (reload seconds per MiB, and
+    the time of day's factor: at dusk the day's favourites still have the highest
     decayed demand for minutes; ranked as they are, they would hold up to half the
-    budget the night's models need (the diurnal trace, issue 16)."""
-    if isinstance(policy, ArrivalCostPolicy) and policy.time_of_day is not None:
-        return policy.time_of_day.factor
+    budget the night's models need, the diurnal trace of issue 16)."""
+    if isinstance(policy, ArrivalCostPolicy):
+        return policy.hot_scale
     return None
 
 

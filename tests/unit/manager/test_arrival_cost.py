@@ -14,6 +14,7 @@ import pytest
 
 from modelyard.config.model_config import ModelConfig
 from modelyard.manager.eviction import (
+    MID_EPISODE_S,
     ArrivalCostPolicy,
     DecayedGdsfPolicy,
     EvictionPolicy,
@@ -62,6 +63,21 @@ def test_a_burst_counts_as_one_episode() -> None:
     assert _names(policy.order([steady, burst])) == ["burst", "steady"]
     assert _names(lfu.order([steady, burst])) == ["steady", "burst"]
     assert _names(gdsf.order([steady, burst])) == ["steady", "burst"]
+
+
+def test_a_model_inside_a_burst_leaves_after_every_other_idle_model() -> None:
+    # "steady" is asked once a minute; "burst" twenty times, 30 ms apart, ending at
+    # t = 130.57. Its episode rate is lower (one burst is one episode), but while its
+    # requests are still arriving its next one is due within milliseconds: it goes
+    # last until MID_EPISODE_S has passed without a request, then first.
+    policy = ArrivalCostPolicy(period_s=None)
+    steady, burst, other = _record("steady"), _record("burst"), _record("other")
+    _ask([policy], steady, [0.0, 60.0, 120.0])
+    _ask([policy], burst, [130.0 + i * 0.03 for i in range(20)])
+    assert policy.value(burst) < policy.value(steady)
+    assert _names(policy.order([steady, burst])) == ["steady", "burst"]
+    _ask([policy], other, [130.58 + MID_EPISODE_S])
+    assert _names(policy.order([steady, burst])) == ["burst", "steady"]
 
 
 def test_reload_seconds_per_mib_decide_between_equally_used_models() -> None:

@@ -181,9 +181,11 @@ def test_the_hot_rule_ranks_demand_by_the_time_of_day() -> None:
     assert set(d.hot(0.0, scale=lambda k, now: 0.1 if k == "m19" else 1.0)) == {"m18", "m17"}
     d.scale = lambda k, now: 0.1 if k == "m18" else 1.0  # what the manager pairs it with
     assert set(d.hot(0.0)) == {"m19", "m17"}
-    policy = ArrivalCostPolicy(period_s=100.0)
-    assert demand_scale(policy) == policy.time_of_day.factor  # type: ignore[union-attr]
-    assert demand_scale(ArrivalCostPolicy(period_s=None)) is None
+    # arrival-cost pairs it with its hot_scale: the time of day's factor times the
+    # reload seconds per MiB (tests/unit/simulation/test_hot_bursts.py).
+    for period in (100.0, None):
+        policy = ArrivalCostPolicy(period_s=period)
+        assert demand_scale(policy) == policy.hot_scale
     assert demand_scale(LruPolicy()) is None
 
 
