@@ -17,18 +17,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from functools import partial
 
 from modelyard.clock import Clock
 from modelyard.errors import DeadlineExceededError, MemoryBudgetError
 from modelyard.manager.budget import MemoryBudget, SharedFile
 from modelyard.manager.eviction import (
-    HOT_BUDGET_SHARE,
     DemandTracker,
     EvictionPolicy,
-    cap_hot,
     protect_hot,
     select_victims,
+    top_scale,
 )
+from modelyard.manager.hot_set import hot_set, wait_to_spare_hottest
 from modelyard.manager.llm_memory import gguf_estimate
 from modelyard.manager.records import Holder, ModelRecord, Replica, ReplicaState
 from modelyard.manager.states import RESIDENT, ModelState
@@ -85,18 +86,10 @@ class Admission:
         victims while colder models are evictable, or will be once their loads finish)."""
         if self.demand is None or self.hot_fraction <= 0:
             return {}
-        hot = self.demand.hot(self._clock.monotonic(), self.hot_fraction)
-        if not hot:
-            return hot
-        sizes: dict[Hashable, int] = {}
-        budgets: list[int] = []
-        for r in self.records():
-            if r.key in hot:
-                sizes[r.key] = r.reserved_bytes or r.measured_bytes or 0
-                # Not yet placed on a cluster, a record names no device of the budget.
-                if (dev := self.budget.devices.get(r.device)) is not None:
-                    budgets.append(dev.budget_bytes)
-        return cap_hot(hot, sizes, int(min(budgets, default=0) * HOT_BUDGET_SHARE))
+        return hot_set(
+            self.demand, self.hot_fraction, self._clock.monotonic(), top_scale(self.policy),
+            self.records(), self.budget,
+        )  # fmt: skip
 
     def records(self) -> Iterable[ModelRecord]:
         """Every known model version (the registry's)."""
@@ -394,8 +387,9 @@ class Admission:
             return spares, [], _BUSY_POLL_S
         victims = self.victims(record, missing, files, keys, device=device, hot=hot)
         if victims is not None:
-            if patient and self._wait_to_spare_hottest(
-                victims, hot, others, device, keys, files, missing
+            holders = partial(self.holders, device=device)
+            if patient and wait_to_spare_hottest(
+                self.budget, holders, victims, hot, others, device, keys, files, missing
             ):
                 return spares, [], _BUSY_POLL_S
             return spares, victims, None
@@ -403,29 +397,6 @@ class Admission:
         if self.budget.freed_by(device, every, files) < missing:
             raise self.refusal(record, whole_need, device)
         return spares, [], _BUSY_POLL_S
-
-    def _wait_to_spare_hottest(
-        self,
-        victims: list[ModelRecord],
-        hot: Mapping[Hashable, float],
-        others: list[ModelRecord],
-        device: str,
-        keys: list[Holder],
-        files: list[SharedFile],
-        missing: int,
-    ) -> bool:
-        """Whether to wait rather than evict the hottest model among ``victims``: yes while
-        the others (busy, loading, or hot but less so) could make the room once their
-        requests or loads finish. Issue 16: four hot models over one 64 MiB file held
-        most of the budget, and the hottest was evicted to free its 6 MiB while colder
-        loads were a few ms from READY; it was reloaded 3-5 times in 3,000 requests."""
-        if not hot:
-            return False
-        hottest = max(hot, key=hot.__getitem__)
-        if not any(v.key == hottest for v in victims):
-            return False
-        rest = [k for r in others if r.key != hottest for k in self.holders(r, device)]
-        return self.budget.freed_by(device, keys + rest, files) >= missing
 
     def victims(
         self,

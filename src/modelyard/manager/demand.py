@@ -67,6 +67,19 @@ class DemandTracker:
             self._fold()
         self._demand.pop(key, None)
 
+    def top(
+        self, now: float, scale: Callable[[Hashable, float], float] | None = None
+    ) -> Hashable | None:
+        """The model of most recent demand, times ``scale(key, now)`` if given (not
+        :attr:`scale`); None if none is known."""
+        if self._pending:
+            self._fold()
+        ranked = (
+            (self.demand(k, now) * (scale(k, now) if scale else 1.0), k) for k in self._demand
+        )
+        best = max(ranked, key=lambda dk: dk[0], default=None)
+        return None if best is None or best[0] < 1e-3 else best[1]
+
     def hot(
         self,
         now: float,

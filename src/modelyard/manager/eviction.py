@@ -357,6 +357,15 @@ def make_policy(
     raise ValueError(f"unknown eviction policy {name!r}")
 
 
+def top_scale(policy: EvictionPolicy) -> Callable[[Hashable, float], float] | None:
+    """What the hottest model's demand is multiplied by for ``policy``: the time of
+    day's factor, if it keeps one (not the hot set's cost per MiB; see
+    :mod:`~modelyard.manager.hot_set`)."""
+    if isinstance(policy, ArrivalCostPolicy) and policy.time_of_day is not None:
+        return policy.time_of_day.factor
+    return None
+
+
 def demand_scale(policy: EvictionPolicy) -> Callable[[Hashable, float], float] | None:
     """What the hot-model rule multiplies recent demand by for ``policy``: with
     ``arrival-cost``, :meth:`ArrivalCostPolicy.hot_scale` (reload seconds per MiB, and

@@ -42,7 +42,9 @@ from modelyard.manager.eviction import (
     make_policy,
     protect_hot,
     select_victims,
+    top_scale,
 )
+from modelyard.manager.hot_set import hottest, with_hottest
 from modelyard.manager.prefetch import Prefetcher
 from modelyard.manager.records import ModelKey, ModelRecord
 from modelyard.manager.states import ModelState
@@ -181,7 +183,10 @@ class _Cache:
     def hot(self) -> dict[Hashable, float]:
         if self.hot_fraction <= 0:
             return {}
-        hot = self.demand.hot(self.now, self.hot_fraction)
+        hot = with_hottest(
+            self.demand.hot(self.now, self.hot_fraction), self.demand, self.now,
+            top_scale(self.policy),
+        )  # fmt: skip
         sizes: dict[Hashable, int] = {
             r.key: self.specs[n].size_bytes for n, r in self.records.items() if r.key in hot
         }
@@ -205,6 +210,11 @@ class _Cache:
         victims = select_victims(self.policy, cold, missing)
         if victims is None:
             victims = select_victims(self.policy, every, missing, hot)
+            top = hottest(hot)
+            if victims is not None and any(v.key == top for v in victims):
+                # The hottest goes only if waiting for the others could not make room.
+                rest = [r for r in every if r.key != top]
+                victims = select_victims(self.policy, rest, missing, hot) or victims
         if victims is None:
             return None
         # A busy victim drains its queue while the load starts (the simulator does not
