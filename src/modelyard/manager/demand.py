@@ -35,6 +35,8 @@ class DemandTracker:
         # Observations not folded into _demand yet, in order: the request path appends,
         # every read folds first, so each read sees exactly what eager updates would give.
         self._pending: list[tuple[Hashable, float, float]] = []
+        self._requests: dict[Hashable, tuple[float, float]] = {}
+        """The same decay over plain requests, whatever their weight (:meth:`top`)."""
 
     def observe(self, key: Hashable, now: float, weight: float = 1.0) -> None:
         """Count one request for ``key`` at ``now`` (folded in at the next read)."""
@@ -45,14 +47,17 @@ class DemandTracker:
 
     def _fold(self) -> None:
         pending, self._pending = self._pending, []
-        demand, rate, exp = self._demand, self._rate, math.exp
+        demand, requests, rate, exp = self._demand, self._requests, self._rate, math.exp
         for key, now, weight in pending:
             found = demand.get(key)
             if found is None:
                 demand[key] = (weight, now)
+                requests[key] = (1.0, now)
             else:
                 value, since = found
-                demand[key] = (value * exp(-rate * max(0.0, now - since)) + weight, now)
+                decay = exp(-rate * max(0.0, now - since))
+                demand[key] = (value * decay + weight, now)
+                requests[key] = (requests[key][0] * decay + 1.0, now)
 
     def demand(self, key: Hashable, now: float) -> float:
         """Decayed requests of ``key`` as of ``now`` (0 if never seen)."""
@@ -66,16 +71,20 @@ class DemandTracker:
         if self._pending:
             self._fold()
         self._demand.pop(key, None)
+        self._requests.pop(key, None)
 
     def top(
         self, now: float, scale: Callable[[Hashable, float], float] | None = None
     ) -> Hashable | None:
-        """The model of most recent demand, times ``scale(key, now)`` if given (not
-        :attr:`scale`); None if none is known."""
+        """The model of most recent requests, counted whole whatever their weight (a
+        model in steady use is the hottest even where its close requests count as one
+        episode), times ``scale(key, now)`` if given (not :attr:`scale`); None if none
+        is known."""
         if self._pending:
             self._fold()
         ranked = (
-            (self.demand(k, now) * (scale(k, now) if scale else 1.0), k) for k in self._demand
+            (v * math.exp(-self._rate * max(0.0, now - t)) * (scale(k, now) if scale else 1.0), k)
+            for k, (v, t) in self._requests.items()
         )
         best = max(ranked, key=lambda dk: dk[0], default=None)
         return None if best is None or best[0] < 1e-3 else best[1]
