@@ -7,6 +7,7 @@ from typing import Any
 
 from modelyard.examples.gguf_llama import LlamaShape, write_llama_gguf
 from modelyard.protocol.generate import GenerateRequest, SamplingParams
+from modelyard.runtimes.base import RuntimeSpec
 
 TINY = LlamaShape(layers=2, width=128, feed_forward=256, heads=4, kv_heads=2, merges=200)
 """About 1 MB: fast enough for every test; the example sizes are in ``SHAPES``."""
@@ -65,3 +66,10 @@ def reference_tokens(path: Path, prompt: str, n: int) -> list[int]:
         return out
     finally:
         llm.close()
+
+
+def llama_spec(llm_root: Path, name: str = "llama-a") -> RuntimeSpec:
+    """A worker's spec of one of :func:`build_llm_repository`'s GGUF models: ``N_CTX`` tokens
+    of context, one thread."""
+    options = {"n_ctx": str(N_CTX), "n_threads": "1", "n_batch": "64"}
+    return RuntimeSpec("llama_cpp", str(llm_root / name / "1"), name, options=options)

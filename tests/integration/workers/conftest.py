@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -14,6 +16,7 @@ from onnx import TensorProto, helper
 
 from modelyard.runtimes.base import RuntimeSpec
 from modelyard.workers.factory import WorkerFactory, WorkerFactoryConfig
+from modelyard.workers.forkserver import preload_for
 from modelyard.workers.instance import StartRequest
 from modelyard.workers.process import ProcessInstance
 
@@ -121,6 +124,13 @@ def fault_spec(cls: str) -> RuntimeSpec:
 
 
 TEST_FACTORY_CONFIG = WorkerFactoryConfig(watchdog_interval_s=0.1, stop_grace_s=1.0)
+
+
+def llama_factory_config(**fields: Any) -> WorkerFactoryConfig:
+    """The test factory with llama.cpp preloaded and no spare worker unless ``fields`` say."""
+    return dataclasses.replace(
+        TEST_FACTORY_CONFIG, **{"preload": preload_for(["llama_cpp"]), "spare_workers": 0, **fields}
+    )
 
 
 @pytest.fixture

@@ -4,19 +4,16 @@ returns only once the process has gone."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
-from modelyard.runtimes.base import RuntimeSpec
 from modelyard.workers.factory import WorkerFactory
-from modelyard.workers.forkserver import preload_for
 from modelyard.workers.instance import ReleasesEarly, StartRequest
 from modelyard.workers.process import ProcessInstance
-from tests.integration.llm_models import N_CTX, N_TOKENS, greedy_request
+from tests.integration.llm_models import N_TOKENS, greedy_request, llama_spec
 
-from .conftest import TEST_FACTORY_CONFIG
+from .conftest import llama_factory_config
 
 pytest.importorskip("llama_cpp", reason="the llm extra runs GGUF models")
 pytest.importorskip("gguf", reason="the llm extra writes the test models")
@@ -41,14 +38,10 @@ def _exited(pid: int) -> bool:
 async def test_a_stopping_llama_worker_releases_its_model_before_it_exits(
     llm_root: Path,
 ) -> None:
-    config = dataclasses.replace(
-        TEST_FACTORY_CONFIG, preload=preload_for(["llama_cpp"]), spare_workers=0
-    )
-    factory = WorkerFactory(config)
+    factory = WorkerFactory(llama_factory_config())
     await factory.start()
     instance = ProcessInstance(factory)
-    options = {"n_ctx": str(N_CTX), "n_threads": "1", "n_batch": "64"}
-    spec = RuntimeSpec("llama_cpp", str(llm_root / "llama-a" / "1"), "llama-a", options=options)
+    spec = llama_spec(llm_root)
     released: list[tuple[int, bool]] = []
     try:
         await instance.start(StartRequest(spec))

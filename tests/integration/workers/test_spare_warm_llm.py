@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from modelyard.runtimes.base import RuntimeSpec
 from modelyard.runtimes.llama_warm import gpu_backends_in
 from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.forkserver import preload_for
 from modelyard.workers.instance import StartRequest
 from modelyard.workers.process import ProcessInstance
-from tests.integration.llm_models import N_CTX, N_TOKENS, greedy_request
+from tests.integration.llm_models import N_TOKENS, greedy_request, llama_spec
 from tests.polling import wait_until
 
 from .conftest import FAKES_DIR, TEST_FACTORY_CONFIG
@@ -25,11 +24,6 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="the llm extra runs GGUF mod
 pytest.importorskip("gguf", reason="the llm extra writes the test models")
 
 READY_S = 10.0
-
-
-def _gguf_spec(llm_root: Path) -> RuntimeSpec:
-    options = {"n_ctx": str(N_CTX), "n_threads": "1", "n_batch": "64"}
-    return RuntimeSpec("llama_cpp", str(llm_root / "llama-a" / "1"), "llama-a", options=options)
 
 
 @pytest.mark.parametrize("warm_fails", [False, True], ids=["warmed", "warm-up-failed"])
@@ -54,7 +48,7 @@ async def test_a_spare_warmed_for_llama_cpp_serves_a_gguf_model_exactly(
         spare_pid = factory.spare_pids[0]
         # Its Warm is sent once no call waits for a first answer (spares.py: _QUIET_WAIT_S).
         await wait_until(lambda: factory.warm_spare_pids == [spare_pid], READY_S, what="warm")
-        info = await instance.start(StartRequest(_gguf_spec(llm_root)))
+        info = await instance.start(StartRequest(llama_spec(llm_root)))
         assert instance.pid == spare_pid, "the load took the spare"
         # A llama.cpp built with a GPU backend is never warmed (llama_warm.prewarm).
         warmable = not warm_fails and not gpu_backends_in(Path(llama_cpp.__file__).parent / "lib")
