@@ -8,6 +8,7 @@ from typing import Any
 from modelyard.examples.gguf_llama import LlamaShape, write_llama_gguf
 from modelyard.protocol.generate import GenerateRequest, SamplingParams
 from modelyard.runtimes.base import RuntimeSpec
+from modelyard.workers.instance import GenerativeInstance
 
 TINY = LlamaShape(layers=2, width=128, feed_forward=256, heads=4, kv_heads=2, merges=200)
 """About 1 MB: fast enough for every test; the example sizes are in ``SHAPES``."""
@@ -73,3 +74,11 @@ def llama_spec(llm_root: Path, name: str = "llama-a") -> RuntimeSpec:
     of context, one thread."""
     options = {"n_ctx": str(N_CTX), "n_threads": "1", "n_batch": "64"}
     return RuntimeSpec("llama_cpp", str(llm_root / name / "1"), name, options=options)
+
+
+async def greedy_ids(instance: GenerativeInstance) -> list[int]:
+    """The token ids ``instance`` generates for :func:`greedy_request` of ``N_TOKENS``."""
+    ids: list[int] = []
+    async for chunk in instance.generate(greedy_request(N_TOKENS)):
+        ids += chunk.token_ids
+    return ids

@@ -12,7 +12,7 @@ import pytest
 from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.instance import StartRequest
 from modelyard.workers.process import ProcessInstance
-from tests.integration.llm_models import N_TOKENS, greedy_request, llama_spec
+from tests.integration.llm_models import greedy_ids, llama_spec
 
 from .conftest import llama_factory_config
 
@@ -34,10 +34,7 @@ async def test_a_llama_worker_warms_up_only_when_no_request_waits_for_its_load(
             assert info.warmup_s == 0.0, "the waiting request's prompt is the first decode"
         else:
             assert info.warmup_s > 0.0, "nobody waits: the worker decoded one token"
-        ids: list[int] = []
-        async for chunk in instance.generate(greedy_request(N_TOKENS)):
-            ids += chunk.token_ids
-        assert ids == expected
+        assert await greedy_ids(instance) == expected
     finally:
         await instance.stop()
         await factory.close()

@@ -15,7 +15,7 @@ from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.forkserver import preload_for
 from modelyard.workers.instance import StartRequest
 from modelyard.workers.process import ProcessInstance
-from tests.integration.llm_models import N_TOKENS, greedy_request, llama_spec
+from tests.integration.llm_models import greedy_ids, llama_spec
 from tests.polling import wait_until
 
 from .conftest import FAKES_DIR, TEST_FACTORY_CONFIG
@@ -53,10 +53,7 @@ async def test_a_spare_warmed_for_llama_cpp_serves_a_gguf_model_exactly(
         # A llama.cpp built with a GPU backend is never warmed (llama_warm.prewarm).
         warmable = not warm_fails and not gpu_backends_in(Path(llama_cpp.__file__).parent / "lib")
         assert info.details["warmed_runtimes"] == (["llama_cpp"] if warmable else [])
-        ids: list[int] = []
-        async for chunk in instance.generate(greedy_request(N_TOKENS)):
-            ids += chunk.token_ids
-        assert ids == expected
+        assert await greedy_ids(instance) == expected
     finally:
         await instance.stop()
         await factory.close()
