@@ -29,7 +29,7 @@ from modelyard.manager.eviction import (
     select_victims,
     top_scale,
 )
-from modelyard.manager.hot_set import hot_set, wait_to_spare_hottest
+from modelyard.manager.hot_set import hot_set, just_loaded, wait_to_spare_hottest
 from modelyard.manager.llm_memory import gguf_estimate
 from modelyard.manager.records import Holder, ModelRecord, Replica, ReplicaState
 from modelyard.manager.states import RESIDENT, ModelState
@@ -199,12 +199,9 @@ class Admission:
         self, record: ModelRecord, need: int, device: str | None = None
     ) -> MemoryBudgetError:
         dev = self.budget.device(device or record.device)
-        pinned = [str(r.key) for r in self.records() if r.pinned and r.state in RESIDENT]
-        higher = [
-            str(r.key)
-            for r in self.records()
-            if r.state in RESIDENT and r.config.priority < record.config.priority
-        ]
+        resident = [r for r in self.records() if r.state in RESIDENT]
+        pinned = [str(r.key) for r in resident if r.pinned]
+        higher = [str(r.key) for r in resident if r.config.priority < record.config.priority]
         return MemoryBudgetError(
             f"cannot load {record.key}: needs {need / _MIB:.1f} MiB on {dev.name}, budget "
             f"{dev.budget_bytes / _MIB:.1f} MiB with {dev.reserved_bytes / _MIB:.1f} MiB reserved; "
@@ -353,8 +350,9 @@ class Admission:
         2. else, if colder models that are busy, still loading, or leaving could make
            room, wait for them (a lease ends without a notification: look again soon);
            once not ``patient`` (waited ``_MAX_WAIT_S``), evict busy colder ones instead,
-           as a model with steady traffic may never be idle;
-        3. else hot models too, the least demanded first;
+           as a model with steady traffic may never be idle (not one loaded less than
+           ``_MAX_WAIT_S`` ago for requests that wait for it: ``hot_set.just_loaded``);
+        3. else hot models too (after those just loaded), the least demanded first;
         4. else, if models still loading could make room, wait; otherwise refuse.
         """
         spares, keys = self.spare_replicas(record, device, missing, files, leaving)
@@ -379,13 +377,17 @@ class Admission:
         admitted = [r for r in loading if self.budget.reserved(device, r.key) > 0]
         others = ready + loading
         cold = [k for r in ready + admitted if r.key not in hot for k in self.holders(r, device)]
+        # Impatience takes busy models, but not one just loaded for its waiters.
+        fresh = just_loaded(others, device, self._clock.monotonic(), _MAX_WAIT_S)
         if self.budget.freed_by(device, keys + cold, files) >= missing:
             if not patient:
-                busy = self.victims(record, missing, files, keys, device=device, exclude=hot)
+                busy = self.victims(
+                    record, missing, files, keys, device=device, exclude=hot | fresh
+                )
                 if busy is not None:
                     return spares, busy, None
             return spares, [], _BUSY_POLL_S
-        victims = self.victims(record, missing, files, keys, device=device, hot=hot)
+        victims = self.victims(record, missing, files, keys, device=device, hot=fresh | hot)
         if victims is not None:
             holders = partial(self.holders, device=device)
             if patient and wait_to_spare_hottest(

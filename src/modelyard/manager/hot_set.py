@@ -13,6 +13,12 @@ memory, the four hot models over one 64 MiB file):
   (:func:`wait_to_spare_hottest`): it had been evicted to free its private 6 MiB while
   colder loads were milliseconds from READY, and reloaded 3-5 times in 3,000 requests.
 
+And one for any model: a model just loaded for requests that wait for it is not taken
+back by a load that has run out of patience before those requests have run
+(:func:`just_loaded`). With ``arrival-cost``, the second-hottest model (out of the hot
+set by its rank per MiB, busy, so only an impatient load takes it) was evicted again as
+it came READY, before its waiters were routed, until they ran out of route attempts.
+
 Pure; no I/O.
 """
 
@@ -24,8 +30,9 @@ from modelyard.manager.budget import MemoryBudget, SharedFile
 from modelyard.manager.demand import DemandTracker
 from modelyard.manager.eviction import HOT_BUDGET_SHARE, cap_hot
 from modelyard.manager.records import Holder, ModelRecord
+from modelyard.manager.states import ModelState
 
-__all__ = ["hot_set", "hottest", "wait_to_spare_hottest", "with_hottest"]
+__all__ = ["hot_set", "hottest", "just_loaded", "wait_to_spare_hottest", "with_hottest"]
 
 
 def hot_set(
@@ -97,3 +104,18 @@ def wait_to_spare_hottest(
         return False
     rest = [k for r in others if r.key != top for k in holders(r)]
     return budget.freed_by(device, leaving + rest, files) >= missing
+
+
+def just_loaded(
+    records: Iterable[ModelRecord], device: str, now: float, grace_s: float
+) -> dict[Hashable, float]:
+    """Models on ``device`` READY for less than ``grace_s`` with requests waiting for
+    them, each at -1 (ranked before any hot model's demand, after every colder model)."""
+    return {
+        r.key: -1.0
+        for r in records
+        if r.device == device
+        and r.state is ModelState.READY
+        and now - r.state_since < grace_s
+        and r.pending > 0
+    }
