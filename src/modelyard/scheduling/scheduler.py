@@ -111,6 +111,7 @@ class ModelScheduler(BatchDispatcher):
             await asyncio.wait(list(self._batches))
         while self._direct:
             await self._direct_idle.wait()
+        self._sweep.close()
 
     async def close(self) -> None:
         """Fail queued and running requests with ``ModelNotReadyError``; stop every task."""
@@ -133,6 +134,7 @@ class ModelScheduler(BatchDispatcher):
         await asyncio.gather(*tasks, return_exceptions=True)
         while self._direct:
             await self._direct_idle.wait()
+        self._sweep.close()
 
     # ---------------------------------------------------------------- requests
 
@@ -181,6 +183,7 @@ class ModelScheduler(BatchDispatcher):
             raise self._circuit_open_error()
         if self._can_run_direct():
             return await self._run_direct(inputs, level, deadline, now, permit)
+        loop = asyncio.get_running_loop()
         request = QueuedRequest(
             inputs=inputs,
             priority=level,
@@ -189,31 +192,32 @@ class ModelScheduler(BatchDispatcher):
             seq=next(self._seq),
             rows=rows,
             batch_key=batch_key(inputs),
-            future=asyncio.get_running_loop().create_future(),
+            future=loop.create_future(),
             permit=permit,
         )
         request.future.add_done_callback(_consume_exception)
         self._queue.push(request)
         self._counts["accepted"] += 1
         self._wakeup.set()
-        timeout = asyncio.timeout(None if math.isinf(deadline) else deadline - now)
+        # The deadline is watched by the scheduler's one sweep timer (``_expire_waiting``
+        # answers the request there), on the loop's time as asyncio.timeout would.
+        entry = (
+            None
+            if math.isinf(deadline)
+            else self._sweep.watch(loop, loop.time() + (deadline - now), request)
+        )
         # Outcomes are counted here, once per admitted request, whoever answered it.
         try:
-            async with timeout:
-                outputs = await request.future
+            outputs = await request.future
         except ServerError:
             self._counts[request.outcome] += 1
             raise
-        except TimeoutError:
-            if not timeout.expired():
-                raise
-            is_running = request.state is RequestState.RUNNING
-            self._counts["expired_running" if is_running else "expired_queued"] += 1
-            raise self._deadline_error(request, was_run=is_running) from None
         except asyncio.CancelledError:
             self._counts["cancelled"] += 1
             raise
         finally:
+            if entry is not None:
+                entry[2] = None  # answered: the sweep skips it
             if request.state is RequestState.QUEUED:
                 # Cancelled or timed out while queued: it must never reach the model.
                 request.state = RequestState.DONE

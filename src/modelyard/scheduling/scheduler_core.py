@@ -32,9 +32,10 @@ from modelyard.errors import (
 from modelyard.scheduling.adaptive import AdaptiveBatchController
 from modelyard.scheduling.breaker import BreakerState, CircuitBreaker, Permit
 from modelyard.scheduling.config import SchedulerConfig
+from modelyard.scheduling.deadline_sweep import DeadlineSweep
 from modelyard.scheduling.degradation import Refusal, decide
 from modelyard.scheduling.dispatcher import MODEL_FAULTS, CallReport, Execute
-from modelyard.scheduling.request_queue import QueuedRequest, RequestQueue
+from modelyard.scheduling.request_queue import QueuedRequest, RequestQueue, RequestState
 from modelyard.scheduling.wait_estimate import (
     RunningCall,
     ServiceTimes,
@@ -155,6 +156,8 @@ class SchedulerCore:
         (a few priorities) instead of walking the window (thousands of requests)."""
         self._in_call: dict[int, RunningCall] = {}
         """Model calls in flight (keyed by the id of their request list), for the estimate."""
+        self._sweep = DeadlineSweep(self._expire_waiting)
+        """Answers queued and running requests at their deadlines (one timer, not one each)."""
 
     @property
     def _running_requests(self) -> int:
@@ -169,6 +172,7 @@ class SchedulerCore:
 
     def _after_call(self, report: CallReport) -> None:
         permits = [r.permit for r in report.requests]
+        rows = report.rows
         if report.is_model_fault:
             self._breaker.record(failed=True, permits=permits)
         elif report.error is None:
@@ -176,21 +180,21 @@ class SchedulerCore:
         else:
             self._breaker.release(permits)
         if report.error is None:
-            self._service.observe(report.rows, report.compute_s)
+            self._service.observe(rows, report.compute_s)
         self._ewma_call_s = _ewma(self._ewma_call_s, report.compute_s)
         self._ewma_call_requests = _ewma(self._ewma_call_requests, float(len(report.requests)))
         if self._adaptive is not None and (
             report.error is None or isinstance(report.error, DeadlineExceededError)
         ):
             self._adaptive.observe(
-                batch_size=report.rows,
+                batch_size=rows,
                 compute_s=report.compute_s,
                 latencies_s=[report.ended - r.arrival for r in report.requests],
             )
         if self.on_batch is not None:
             waits_s = [report.started - r.arrival for r in report.requests]
             try:
-                self.on_batch(report.rows, waits_s, report.compute_s)
+                self.on_batch(rows, waits_s, report.compute_s)
             except Exception:
                 logger.exception("model %r: on_batch hook failed; ignoring it", self.name)
 
@@ -349,6 +353,19 @@ class SchedulerCore:
         if not request.future.done():
             request.future.set_exception(error)
             request.outcome = outcome
+
+    def _expire_waiting(self, request: QueuedRequest) -> None:
+        """The sweep's answer to a request whose deadline came: one still queued leaves
+        the queue unrun; one running is answered now (its call goes on)."""
+        if request.future.done():
+            return
+        if request.state is RequestState.QUEUED:
+            request.state = RequestState.DONE
+            self._queue.remove(request)
+            self._breaker.release([request.permit])
+            self._fail(request, self._deadline_error(request, was_run=False), "expired_queued")
+        elif request.state is RequestState.RUNNING:
+            self._fail(request, self._deadline_error(request, was_run=True), "expired_running")
 
     def _not_ready_error(self, why: str) -> ModelNotReadyError:
         return ModelNotReadyError(f"model {self.name!r} is not accepting requests ({why})")
