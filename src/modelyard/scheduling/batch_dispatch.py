@@ -86,8 +86,8 @@ class BatchDispatcher(SchedulerCore):
                 finally:
                     self._dispatcher_idle = False
                 continue
-            due = min(r.arrival for r in selection.entries) + delay_s
-            if selection.is_ready or now >= due or self._state is not Lifecycle.RUNNING:
+            due = now if selection.is_ready else _oldest(selection.entries) + delay_s
+            if now >= due or self._state is not Lifecycle.RUNNING:
                 self._queue.take(selection.entries)
                 for request in selection.entries:
                     request.state = RequestState.RUNNING
@@ -102,8 +102,17 @@ class BatchDispatcher(SchedulerCore):
         """Queued requests in order, leaving in ``dropped`` the answered or expired ones
         and, with early rejection, those too late to finish even if they ran now."""
         early = self.config.early_rejection
+        predict_s = self._service.predict_s
+        calls_s: dict[int, float | None] = {}  # by rows: most requests share a few sizes
         for request in self._queue.ordered(now):
-            call_s = self._service.predict_s(request.rows) if early else None
+            if early:
+                rows = request.rows
+                if rows in calls_s:
+                    call_s = calls_s[rows]
+                else:
+                    call_s = calls_s[rows] = predict_s(rows)
+            else:
+                call_s = None
             if (
                 request.future.done()
                 or request.deadline <= now
@@ -119,15 +128,21 @@ class BatchDispatcher(SchedulerCore):
         letting them time out in the queue while it runs."""
         if not self.config.early_rejection or self.config.max_concurrency != 1:
             return
-        batch_s = self._service.predict_s(sum(r.rows for r in batch))
+        predict_s = self._service.predict_s
+        batch_s = predict_s(_rows(batch))
         if batch_s is None:
             return
-        late = [
-            request
-            for request in self._queue
-            if request.deadline - now
-            < batch_s + LATE_CALLS * (self._service.predict_s(request.rows) or 0)
-        ]
+        # The queue is walked after every batch: no generator or estimate per request
+        # (rows repeat, so their call times are looked up once per size).
+        limits_s: dict[int, float] = {}
+        late = []
+        for request in self._queue:
+            rows = request.rows
+            limit_s = limits_s.get(rows)
+            if limit_s is None:
+                limit_s = limits_s[rows] = batch_s + LATE_CALLS * (predict_s(rows) or 0)
+            if request.deadline - now < limit_s:
+                late.append(request)
         for request in late:
             self._refuse_late(request, now)
 
@@ -165,6 +180,7 @@ class BatchDispatcher(SchedulerCore):
         """Call the model for ``batch``; answer each request, feed breaker and metrics."""
         now = self._clock.monotonic()
         runnable: list[QueuedRequest] = []
+        rows = 0
         for request in batch:
             if request.future.done():  # its submitter left between dispatch and now
                 self._breaker.release([request.permit])
@@ -173,9 +189,10 @@ class BatchDispatcher(SchedulerCore):
                 self._fail(request, self._deadline_error(request, was_run=False), "expired_queued")
             else:
                 runnable.append(request)
+                rows += request.rows
         if not runnable:
             return
-        self._in_call[id(runnable)] = RunningCall(now, sum(r.rows for r in runnable))
+        self._in_call[id(runnable)] = RunningCall(now, rows)
         try:
             report = await call_model(self.name, self._execute, self._clock, runnable)
         finally:
@@ -234,3 +251,19 @@ class BatchDispatcher(SchedulerCore):
         for request in self._queue.clear():
             request.state = RequestState.DONE
             self._fail(request, InternalError(f"model {self.name!r}: scheduler failed"), "failed")
+
+
+def _oldest(requests: list[QueuedRequest]) -> float:
+    """The earliest arrival among ``requests`` (a loop: no generator per request)."""
+    oldest = requests[0].arrival
+    for request in requests:
+        if request.arrival < oldest:
+            oldest = request.arrival
+    return oldest
+
+
+def _rows(requests: list[QueuedRequest]) -> int:
+    total = 0
+    for request in requests:
+        total += request.rows
+    return total

@@ -158,6 +158,12 @@ def split_outputs(
                 f"output {name!r} has shape {array.shape}; a batch of {total} rows "
                 f"needs {total} along axis 0"
             )
-    offsets = np.cumsum(row_counts)[:-1].tolist()
-    pieces = {name: np.split(array, offsets, axis=0) for name, array in outputs.items()}
-    return [{name: pieces[name][i] for name in outputs} for i in range(len(row_counts))]
+    # Slices along axis 0: the views np.split would return, without its Python layers
+    # (array_split and a swapaxes per piece) on every batch.
+    parts: list[dict[str, np.ndarray]] = []
+    start = 0
+    for rows in row_counts:
+        end = start + rows
+        parts.append({name: array[start:end] for name, array in outputs.items()})
+        start = end
+    return parts

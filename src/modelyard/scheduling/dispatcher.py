@@ -56,7 +56,10 @@ class CallReport:
     @property
     def rows(self) -> int:
         """Rows in the batch."""
-        return sum(r.rows for r in self.requests)
+        total = 0
+        for request in self.requests:  # a loop: no generator per request
+            total += request.rows
+        return total
 
     @property
     def compute_s(self) -> float:
@@ -82,7 +85,10 @@ async def call_model(
     Exceptions other than :class:`ServerError` become :class:`InternalError`, and so do
     outputs whose axis 0 does not match the batch. Cancellation propagates.
     """
-    deadline = min(r.deadline for r in requests)
+    deadline = requests[0].deadline
+    for request in requests:  # a loop: no generator per request
+        if request.deadline < deadline:
+            deadline = request.deadline
     error: ServerError | None = None
     parts: list[dict[str, np.ndarray]] = []
     started = clock.monotonic()

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
+from itertools import chain
 
 import numpy as np
 
@@ -111,15 +112,21 @@ class RequestQueue:
 
     def ordered(self, now: float) -> Iterator[QueuedRequest]:
         """Every queued request in dispatch order at ``now``; do not mutate while iterating."""
+        levels = self._levels
+        if len(levels) == 1:
+            # One priority: aging moves every request alike, so the order is the FIFO's.
+            (level,) = levels.values()
+            return iter(level)
 
         def rank(request: QueuedRequest) -> tuple[int, int]:
             return (self.effective_priority(request, now), request.seq)
 
-        return heapq.merge(*self._levels.values(), key=rank)
+        return heapq.merge(*levels.values(), key=rank)
 
     def __iter__(self) -> Iterator[QueuedRequest]:
-        for level in self._levels.values():
-            yield from level
+        # A C iterator: walks over the queue (after every batch, for estimates) resume
+        # no Python generator per request.
+        return chain.from_iterable(self._levels.values())
 
     def clear(self) -> list[QueuedRequest]:
         """Empty the queue; return what it held."""
