@@ -40,6 +40,7 @@ import collections
 import cProfile
 import json
 import pstats
+import resource
 import sys
 import tempfile
 import time
@@ -69,20 +70,27 @@ BODY = json.dumps(
 ).encode()
 
 
-def _group(stats: pstats.Stats, calls: int, top: int) -> None:
+def _group(stats: pstats.Stats, calls: int, top: int, counts: int) -> None:
     by_module: collections.Counter[str] = collections.Counter()
     by_function: collections.Counter[str] = collections.Counter()
+    calls_by_function: collections.Counter[str] = collections.Counter()
     for (path, _line, name), row in stats.stats.items():  # type: ignore[attr-defined]
         self_s = row[2]
         module = path.split("site-packages/")[-1].split("src/")[-1]
         if "modelyard/" not in module:
             module = module.split("/")[0] if "/" in module else name
         by_module[module] += self_s
-        by_function[f"{module}:{name}" if module != name else name] += self_s
+        key = f"{module}:{name}" if module != name else name
+        by_function[key] += self_s
+        calls_by_function[key] += row[1]
     for title, counter in (("module", by_module), ("function", by_function)):
         print(f"\nself time per request by {title} (µs, under cProfile):")
         for key, seconds in counter.most_common(top):
             print(f"  {seconds / calls * 1e6:8.1f}  {key}")
+    if counts:
+        print("\nPython calls per request by function (exact):")
+        for key, n in calls_by_function.most_common(counts):
+            print(f"  {n / calls:8.2f}  {key}")
 
 
 def _model(root: Path, isolation: str, minilm: bool) -> tuple[dict[str, Any], bytes]:
@@ -186,7 +194,15 @@ async def _client(port: int, body: bytes, calls: int, concurrency: int) -> None:
 
 
 async def one(
-    isolation: str, calls: int, top: int, http: bool, concurrency: int, minilm: bool
+    isolation: str,
+    calls: int,
+    top: int,
+    http: bool,
+    concurrency: int,
+    minilm: bool,
+    counts: int = 0,
+    dump: Path | None = None,
+    cprofile: bool = True,
 ) -> None:
     calls -= calls % concurrency
     with tempfile.TemporaryDirectory(prefix="profile-hot-path-") as tmp:
@@ -209,10 +225,14 @@ async def one(
             await run(500 - 500 % concurrency)
             workers = psutil.Process().children(recursive=True)
             cpu0 = time.thread_time()
+            usage0 = resource.getrusage(resource.RUSAGE_THREAD)
             wall0 = time.perf_counter()
             kids0 = sum(sum(w.cpu_times()[:2]) for w in workers)
             await run(calls)
             cpu = (time.thread_time() - cpu0) / calls * 1e6
+            usage = resource.getrusage(resource.RUSAGE_THREAD)
+            user = (usage.ru_utime - usage0.ru_utime) / calls * 1e6
+            system = (usage.ru_stime - usage0.ru_stime) / calls * 1e6
             wall = (time.perf_counter() - wall0) / calls * 1e6
             kids = (sum(sum(w.cpu_times()[:2]) for w in workers) - kids0) / calls * 1e6
             model = "MiniLM" if minilm else "identity"
@@ -222,18 +242,23 @@ async def one(
                 f"{concurrency} at once"
             )
             print(
-                f"event-loop thread: {cpu:.0f} µs CPU, {wall:.0f} µs wall per request; "
+                f"event-loop thread: {cpu:.0f} µs CPU (user {user:.0f}, system {system:.0f}), "
+                f"{wall:.0f} µs wall per request; "
                 f"other processes of the server (workers): {kids:.0f} µs CPU per request"
             )
+            if not cprofile:
+                return
             profile = cProfile.Profile()
             profile.enable()
             await run(calls)
             profile.disable()
             stats = pstats.Stats(profile)
+            if dump is not None:  # for pstats' print_callers and friends
+                stats.dump_stats(dump.with_suffix(f".{isolation}.prof"))
             # Deterministic, unlike any time on a shared machine: the A/B figure to trust.
             python_calls = sum(row[1] for row in stats.stats.values())  # type: ignore[attr-defined]
             print(f"Python function calls per request: {python_calls / calls:.1f}")
-            _group(stats, calls, top)
+            _group(stats, calls, top, counts)
         finally:
             await app.stop()
 
@@ -243,6 +268,22 @@ def main() -> None:
     parser.add_argument("--isolation", choices=("process", "inline", "both"), default="both")
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--counts",
+        type=int,
+        default=0,
+        help="also list this many functions by Python calls per request (exact, noise-free)",
+    )
+    parser.add_argument(
+        "--no-cprofile",
+        action="store_true",
+        help="time only (for a sampling profiler such as py-spy attached from outside)",
+    )
+    parser.add_argument(
+        "--dump",
+        type=Path,
+        help="write the cProfile stats to DUMP.<isolation>.prof (read them with pstats)",
+    )
     parser.add_argument(
         "--http",
         action="store_true",
@@ -263,7 +304,19 @@ def main() -> None:
     _server.install_uvloop()
     isolations = ("process", "inline") if args.isolation == "both" else (args.isolation,)
     for isolation in isolations:
-        asyncio.run(one(isolation, args.calls, args.top, args.http, args.concurrency, args.minilm))
+        asyncio.run(
+            one(
+                isolation,
+                args.calls,
+                args.top,
+                args.http,
+                args.concurrency,
+                args.minilm,
+                args.counts,
+                args.dump,
+                not args.no_cprofile,
+            )
+        )
     print(f"\nload average {psutil.getloadavg()}", file=sys.stderr)
 
 
