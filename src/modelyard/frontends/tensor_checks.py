@@ -12,9 +12,12 @@ from modelyard.runtimes.base import TensorSpec
 
 
 def _shape_matches(spec: tuple[int, ...], shape: tuple[int, ...]) -> bool:
-    return len(spec) == len(shape) and all(
-        s < 0 or s == d for s, d in zip(spec, shape, strict=True)
-    )
+    if len(spec) != len(shape):
+        return False
+    for s, d in zip(spec, shape, strict=True):  # noqa: SIM110  (no generator per request)
+        if s >= 0 and s != d:
+            return False
+    return True
 
 
 def validate_inputs(
@@ -43,7 +46,8 @@ def validate_inputs(
                 f"model's {list(spec.shape)} (-1 means any size)"
             )
         inputs[tensor.name] = tensor.array
-    missing = [name for name in by_name if name not in inputs]
+    # Every input named a distinct known input: none is missing when the counts agree.
+    missing = [] if len(inputs) == len(by_name) else [n for n in by_name if n not in inputs]
     if missing:
         raise InvalidInputError(
             f"model {record.key.name!r} needs input(s) {', '.join(missing)}, not given"
@@ -67,5 +71,5 @@ def select_outputs(
             out.parameters = dict(wanted.parameters)
             result.append(out)
         return result
-    order = [s.name for s in specs if s.name in outputs] or list(outputs)
-    return [output_from_array(name, outputs[name]) for name in order]
+    result = [output_from_array(s.name, outputs[s.name]) for s in specs if s.name in outputs]
+    return result or [output_from_array(name, array) for name, array in outputs.items()]

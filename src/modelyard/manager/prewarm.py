@@ -117,7 +117,10 @@ class PrewarmWindows:
         tail = ordered[min(len(ordered) - 1, round(TAIL * (len(ordered) - 1)))]
         if head <= 0 or tail > self.spread * head:
             return None
-        inside = sum(1 for g in ordered if head <= g <= tail)
+        inside = 0
+        for gap in ordered:  # a loop, not sum() over a generator: runs per request
+            if head <= gap <= tail:
+                inside += 1
         probability = inside / (len(ordered) + 1)
         return Window(m.name, m.last + head, m.last + tail, probability, len(ordered))
 
@@ -148,6 +151,8 @@ class PrewarmWindows:
                 continue  # asked for again since: a newer entry stands for it
             if m.window is not None:
                 self._due[model] = m.window
+        if not self._due:  # most calls: nothing due, nothing to sort
+            return []
         for model in [m for m, w in self._due.items() if w.closes < now]:
             del self._due[model]  # the window passed without the request
         return sorted(self._due.values(), key=lambda w: w.opens)

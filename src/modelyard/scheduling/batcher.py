@@ -45,6 +45,11 @@ def batch_key(inputs: Mapping[str, np.ndarray]) -> BatchKey | None:
     """The key requests must share to be batched with these inputs; None: run alone."""
     if not inputs:
         return None
+    if len(inputs) == 1:  # most models: no set, list or sort per request
+        ((name, array),) = inputs.items()
+        if array.ndim == 0:
+            return None
+        return ((name, array.dtype.str, array.shape[1:]),)
     leading: set[int] = set()
     parts = []
     for name, array in inputs.items():

@@ -164,7 +164,8 @@ class ModelScheduler(BatchDispatcher):
             raise DeadlineExceededError(
                 f"model {self.name!r}: the deadline passed before the request was queued"
             )
-        if self._queue.is_full:
+        queue = self._queue
+        if queue.size >= queue.max_size:  # is_full, read without a call
             self._counts["rejected_overloaded"] += 1
             retry_after_s = self._estimate_retry_after_s()
             raise OverloadedError(
@@ -182,7 +183,7 @@ class ModelScheduler(BatchDispatcher):
             self._counts["rejected_circuit"] += 1
             raise self._circuit_open_error()
         if self._can_run_direct():
-            return await self._run_direct(inputs, level, deadline, now, permit)
+            return await self._run_direct(inputs, rows, level, deadline, now, permit)
         loop = asyncio.get_running_loop()
         request = QueuedRequest(
             inputs=inputs,
@@ -299,16 +300,15 @@ class ModelScheduler(BatchDispatcher):
             self._dispatcher_idle
             and not self._direct
             and not self._batches
-            and not self._queue
-            and self.config.max_concurrency == 1
-            and self._adaptive is None
-            and (not self.config.is_batching or self.config.max_queue_delay_s == 0)
+            and not self._queue.size
+            and self._may_run_direct
             and self._breaker.is_closed
         )
 
     async def _run_direct(
         self,
         inputs: dict[str, np.ndarray],
+        rows: int,
         priority: int,
         deadline: float,
         now: float,
@@ -318,7 +318,6 @@ class ModelScheduler(BatchDispatcher):
 
         What a batch of one through the dispatcher would do, without its objects: no
         queue entry, future or report; the breaker, estimates and hook are fed alike."""
-        rows = row_count(inputs)
         counts = self._counts
         counts["accepted"] += 1
         self._direct += 1
@@ -357,7 +356,7 @@ class ModelScheduler(BatchDispatcher):
             self._direct -= 1
             if not self._direct:
                 self._direct_idle.set()
-            if self._queue:
+            if self._queue.size:
                 self._wakeup.set()  # what arrived meanwhile waits for the dispatcher
         counts["model_calls"] += 1
         self._after_one(permit, rows, now, deadline, error, started, ended)

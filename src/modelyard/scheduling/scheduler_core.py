@@ -130,6 +130,12 @@ class SchedulerCore:
                 max_batch_size=config.max_batch_size,
                 initial_delay_s=config.max_queue_delay_s,
             )
+        self._may_run_direct = (
+            config.max_concurrency == 1
+            and self._adaptive is None
+            and (not config.is_batching or config.max_queue_delay_s == 0)
+        )
+        """What of the direct path's condition the (frozen) config decides, read once."""
         self._slots = asyncio.Semaphore(config.max_concurrency)
         self._wakeup = asyncio.Event()
         self._dispatcher_idle = False

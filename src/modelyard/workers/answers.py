@@ -58,14 +58,16 @@ class AnswerGate:
     def add(self, n: int) -> None:
         """Count ``n`` more calls waiting (negative: fewer); for a caller that undoes its
         count in a ``finally`` and so needs no :class:`Pending`."""
-        self._waiting += n
-        if self._quiet is not None:
-            if self._waiting:
-                self._quiet.clear()
-            else:
-                self._quiet.set()
-        if self._parent is not None:
-            self._parent.add(n)
+        gate: AnswerGate | None = self
+        while gate is not None:  # this gate, then its parent: no call per level
+            gate._waiting += n
+            quiet = gate._quiet
+            if quiet is not None:
+                if gate._waiting:
+                    quiet.clear()
+                else:
+                    quiet.set()
+            gate = gate._parent
 
 
 class Pending:

@@ -179,7 +179,8 @@ class InferHandler:
         work = self.dp.infer(req)
         resp = await (work if receive is None else unless_disconnected(receive, work))
         payload, header_len = encode_response(resp, req)
-        self.dp.check_response_bytes(len(payload))
+        if len(payload) > self.dp.max_response_bytes:
+            self.dp.check_response_bytes(len(payload))
         served_by = resp.parameters.get(SERVED_BY)
         return payload, header_len, served_by if isinstance(served_by, str) else None
 
