@@ -6,6 +6,7 @@ import math
 import random
 
 from modelyard.manager.demand import PENDING_MAX, DemandTracker
+from modelyard.manager.records import ModelKey
 
 
 class EagerDemand:
@@ -67,3 +68,26 @@ def test_forget_drops_what_was_observed_before_it() -> None:
     assert tracker.hot(1.0) == {}
     tracker.observe("m", 2.0)
     assert tracker.demand("m", 2.0) == 1.0
+
+
+def test_runs_of_one_key_fold_like_single_updates() -> None:
+    """A busy model's observations come in long runs, folded in locals: each run must
+    read what one update per observation gives, also for equal keys that are distinct
+    objects (a run ends at a different object; the dict holds them as one key)."""
+    rng = random.Random(11)
+    tracker, eager = DemandTracker(half_life_s=2.0), EagerDemand(2.0)
+    names = ["a", "b", "c"]
+    now = 0.0
+    for _ in range(300):
+        name = rng.choice(names)
+        for _ in range(rng.randint(1, 40)):  # a run of one model's requests
+            now += rng.expovariate(500.0)
+            key = ModelKey(name, "1")  # a new object each time, equal to the others
+            weight = rng.choice((1.0, 0.25))
+            tracker.observe(key, now, weight)
+            eager.observe(name, now, weight)
+        if rng.random() < 0.2:
+            probe = rng.choice(names)
+            assert tracker.demand(ModelKey(probe, "1"), now) == eager.demand(probe, now)
+    for name in names:
+        assert tracker.demand(ModelKey(name, "1"), now) == eager.demand(name, now)
