@@ -130,6 +130,10 @@ class SchedulerCore:
                 max_batch_size=config.max_batch_size,
                 initial_delay_s=config.max_queue_delay_s,
             )
+        self._fixed_limits = (
+            (config.max_batch_size, config.max_queue_delay_s) if config.is_batching else (1, 0.0)
+        )
+        """Batch cap and delay without an adaptive controller (the config is frozen)."""
         self._may_run_direct = (
             config.max_concurrency == 1
             and self._adaptive is None
@@ -172,9 +176,7 @@ class SchedulerCore:
     def _limits(self) -> tuple[int, float]:
         if self._adaptive is not None:
             return self._adaptive.batch_size_cap, self._adaptive.delay_s
-        if not self.config.is_batching:
-            return 1, 0.0
-        return self.config.max_batch_size, self.config.max_queue_delay_s
+        return self._fixed_limits
 
     def _after_call(self, report: CallReport) -> None:
         permits = [r.permit for r in report.requests]
