@@ -175,9 +175,14 @@ def _int_array(
         raise _refuse(name, datatype, f"values must lie in [{info.min}, {info.max}]") from None
 
 
-def typed_array(name: str, datatype: str, flat: list[Any]) -> np.ndarray:
-    """A 1-D array of ``datatype`` from flat JSON values; InvalidInputError on any mismatch."""
-    dtype = numpy_dtype(datatype)
+def typed_array(
+    name: str, datatype: str, flat: list[Any], dtype: np.dtype | None = None
+) -> np.ndarray:
+    """A 1-D array of ``datatype`` from flat JSON values; InvalidInputError on any mismatch.
+
+    ``dtype``: ``numpy_dtype(datatype)`` if the caller has it already (None: looked up here)."""
+    if dtype is None:
+        dtype = numpy_dtype(datatype)
     kinds = set(map(type, flat))
     if not kinds:
         return np.empty(0, dtype=dtype)
@@ -204,18 +209,24 @@ def typed_array(name: str, datatype: str, flat: list[Any]) -> np.ndarray:
     return arr
 
 
-def array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: object) -> np.ndarray:
-    """The array of one JSON input tensor: ``data`` (flat or nested) must fill ``shape``."""
+def array_from_json(
+    name: str, datatype: str, shape: tuple[int, ...], data: object, dtype: np.dtype | None = None
+) -> np.ndarray:
+    """The array of one JSON input tensor: ``data`` (flat or nested) must fill ``shape``.
+
+    ``dtype``: ``numpy_dtype(datatype)`` if the caller has it already, which also says the
+    datatype is known (None: looked up, and so checked, here)."""
     if not isinstance(data, list):
         raise InvalidInputError(f"input {name!r}: 'data' must be a list, got {type(data).__name__}")
-    numpy_dtype(datatype)
+    if dtype is None:
+        dtype = numpy_dtype(datatype)
     flat, _ = flatten(name, data)
     expected = math.prod(shape)
     if len(flat) != expected:
         raise InvalidInputError(
             f"input {name!r}: shape {list(shape)} needs {expected} elements, got {len(flat)}"
         )
-    return typed_array(name, datatype, flat).reshape(shape)
+    return typed_array(name, datatype, flat, dtype).reshape(shape)
 
 
 def array_from_nested(name: str, datatype: str, data: object) -> np.ndarray:

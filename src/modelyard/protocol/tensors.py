@@ -119,7 +119,7 @@ def decode_input(
     datatype = spec.get("datatype")
     if not isinstance(datatype, str):
         raise InvalidInputError(f"input {name!r}: missing 'datatype'")
-    numpy_dtype(datatype)
+    dtype = numpy_dtype(datatype)  # checks the name; passed on, not looked up again
     if shape is None:
         shape = check_shape(name, spec.get("shape"))
     params = spec.get("parameters")
@@ -140,7 +140,7 @@ def decode_input(
     else:
         if "data" not in spec:
             raise InvalidInputError(f"input {name!r}: missing 'data'")
-        arr = array_from_json(name, datatype, shape, spec["data"])
+        arr = array_from_json(name, datatype, shape, spec["data"], dtype)
     return InferInput(name, datatype, shape, arr, dict(params)), offset
 
 
