@@ -292,23 +292,25 @@ class ProcessInstance(WorkerLink):
         if timeout_s <= 0:
             raise DeadlineExceededError(f"model {self._name!r}: no time left to run the request")
         deadline = loop.time() + timeout_s
-        lock = self._lock
-        if lock.locked():
+        turns = self._turns  # one call at a time, no call made when nobody waits (turns.py)
+        if turns.busy or turns.waiting:
             try:
-                async with asyncio.timeout_at(deadline):
-                    await lock.acquire()
+                await turns.wait(deadline)
             except TimeoutError:
                 raise DeadlineExceededError(
                     f"model {self._name!r}: waited {timeout_s:.3f}s for its busy worker"
                 ) from None
         else:
-            await lock.acquire()
+            turns.busy = True
         try:
             if not self._ready:
                 raise self._not_serving()
             return await self._run(inputs, deadline, timeout_s)
         finally:
-            lock.release()
+            if turns.waiting:
+                turns.pass_on()
+            else:
+                turns.busy = False
 
     async def _run(
         self, inputs: dict[str, np.ndarray], deadline: float, timeout_s: float

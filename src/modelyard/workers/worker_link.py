@@ -34,6 +34,7 @@ from modelyard.workers.instance import ExitCallback, ReleaseCallback
 from modelyard.workers.limits import MemoryLimit
 from modelyard.workers.messages import InferDone, Message, MessageError, Released, Stop
 from modelyard.workers.streams import GenerationStreams
+from modelyard.workers.turns import Turns
 
 __all__ = ["WorkerLink"]
 
@@ -68,7 +69,8 @@ class WorkerLink:
     def __init__(self, factory: WorkerFactory, *, load_timeout_s: float = 300.0) -> None:
         self._factory = factory
         self._load_timeout_s = load_timeout_s
-        self._lock = asyncio.Lock()
+        self._turns = Turns()
+        """Infer calls run one at a time, in order: one region, one exchange in flight."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channel: LoopChannel | None = None
         self._region: SharedRegion | None = None
