@@ -89,13 +89,13 @@ class ProcessInstance(WorkerLink):
     def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         """Stream one generation from the worker (a generative model); closing the
         iterator early cancels it there; WorkerCrashedError if the worker dies."""
-        if not self._ready:
+        if not self.is_alive:
             raise self._not_serving()
         return self._streams.generate(request)
 
     async def generation_counters(self, timeout_s: float = 5.0) -> GenerationCounters:
         """The worker's own generation counters (asked over its channel)."""
-        if not self._ready:
+        if not self.is_alive:
             raise self._not_serving()
         return await self._streams.counters(timeout_s)
 
@@ -173,7 +173,7 @@ class ProcessInstance(WorkerLink):
                 ) from exc
             raise
         self._start_watchdog()
-        self._ready = True
+        self.is_alive = True
         assert self._handle is not None
         details: dict[str, object] = {
             **(sample.as_details() if sample is not None else {}),
@@ -287,7 +287,7 @@ class ProcessInstance(WorkerLink):
     async def infer(self, inputs: dict[str, np.ndarray], timeout_s: float) -> dict[str, np.ndarray]:
         """Run one batch in the worker; calls are served one at a time, in order."""
         loop = self._loop
-        if not self._ready or loop is None:
+        if not self.is_alive or loop is None:
             raise self._not_serving()
         if timeout_s <= 0:
             raise DeadlineExceededError(f"model {self._name!r}: no time left to run the request")
@@ -303,7 +303,7 @@ class ProcessInstance(WorkerLink):
         else:
             turns.busy = True
         try:
-            if not self._ready:
+            if not self.is_alive:
                 raise self._not_serving()
             return await self._run(inputs, deadline, timeout_s)
         finally:
@@ -351,7 +351,7 @@ class ProcessInstance(WorkerLink):
         if self._stopping:
             return
         self._stopping = True
-        self._ready = False
+        self.is_alive = False
         handle = self._handle
         if handle is not None and not handle.exited.done():
             try:
@@ -384,7 +384,7 @@ class ProcessInstance(WorkerLink):
         if after_first_answer:
             await self._after_first_answers()
         info, spec = self._info, self._spec
-        if info is None or spec is None or not self._ready:
+        if info is None or spec is None or not self.is_alive:
             raise self._not_serving()
         sample, footprint, mapped = await self._measure(spec)
         details = {**info.details, **sample.as_details(), "mapped_weight_private_bytes": mapped}

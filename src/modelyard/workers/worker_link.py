@@ -91,7 +91,9 @@ class WorkerLink:
         self._watchdog: asyncio.Task[None] | None = None
         self._name = ""
         self._started = False
-        self._ready = False
+        self.is_alive = False
+        """True from a successful start until the worker dies or is stopped (an attribute,
+        not a property: the manager reads it about three times per request)."""
         self._stopping = False
         self._kill_reason: str | None = None
         self._exit_reason: str | None = None
@@ -106,11 +108,6 @@ class WorkerLink:
         request/reply exchange in flight."""
 
     # ------------------------------------------------------------------ properties
-
-    @property
-    def is_alive(self) -> bool:
-        """True from a successful start until the worker dies or is stopped."""
-        return self._ready
 
     @property
     def pid(self) -> int | None:
@@ -176,7 +173,7 @@ class WorkerLink:
             self._arm_timer(loop, deadline)
         # A call to a serving model (not its start): background work waits for its answer
         # (counted here and undone in the ``finally``: no object per call).
-        answers = self._answers if self._ready else None
+        answers = self._answers if self.is_alive else None
         if answers is not None:
             answers.add(1)
         try:
@@ -288,7 +285,7 @@ class WorkerLink:
         if self._stopping and self._kill_reason is None:
             reason = "stopped"
         self._exit_reason = reason
-        was_ready, self._ready = self._ready, False
+        was_ready, self.is_alive = self.is_alive, False
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(self._crashed())
