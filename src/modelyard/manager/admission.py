@@ -29,7 +29,7 @@ from modelyard.manager.eviction import (
     select_victims,
     top_scale,
 )
-from modelyard.manager.hot_set import hot_set, just_loaded, wait_to_spare_hottest
+from modelyard.manager.hot_set import awaited, hot_set, just_loaded, wait_to_spare_hottest
 from modelyard.manager.llm_memory import gguf_estimate
 from modelyard.manager.records import Holder, ModelRecord, Replica, ReplicaState
 from modelyard.manager.states import RESIDENT, ModelState
@@ -354,6 +354,9 @@ class Admission:
            ``_MAX_WAIT_S`` ago for requests that wait for it: ``hot_set.just_loaded``);
         3. else hot models too (after those just loaded), the least demanded first;
         4. else, if models still loading could make room, wait; otherwise refuse.
+
+        None of them takes a model whose waiting requests have not woken from its load
+        yet (``hot_set.awaited``): this wakes before they do when that load finishes.
         """
         spares, keys = self.spare_replicas(record, device, missing, files, leaving)
         if self.budget.freed_by(device, keys, files) >= missing:
@@ -417,14 +420,18 @@ class Admission:
         Counted by the budget, not by each victim's own reservation: a weight file
         several models share is freed only when all of them go, and one ``record``
         will map anyway is not freed at all. Models in ``exclude`` are not candidates,
-        nor busy ones with ``idle_only``; those in ``hot`` come last whatever the policy
-        says, the least demanded of them first.
+        nor busy ones with ``idle_only``, nor ones whose waiting requests have not been
+        routed since their load (``hot_set.awaited``); those in ``hot`` come last
+        whatever the policy says, the least demanded of them first.
         """
         device = device or record.device
+        waking = awaited(self.records(), device)
         candidates = [
             r
             for r in self.candidates(record, device=device)
-            if r.key not in (exclude or {}) and not (idle_only and r.pending > 0)
+            if r.key not in (exclude or {})
+            and r.key not in waking
+            and not (idle_only and r.pending > 0)
         ]
         replicated = any(r.replicas for r in candidates)
         if not files and not self.budget.device(device).shared and not replicated:
