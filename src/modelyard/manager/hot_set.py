@@ -21,8 +21,8 @@ it came READY, before its waiters were routed, until they ran out of route attem
 Nor by any load, patient or not, while those requests have not woken up to be routed
 (:func:`awaited`): a load that waits for room wakes up when a load finishes, before the
 requests that waited for that load do, and a patient one that had to take hot models
-took the just-loaded one first (session 10: that path, not impatience, failed the
-requests left after :func:`just_loaded`).
+took the just-loaded one first (session 10: still 1-4 times a run after
+:func:`just_loaded`; a run of such turns on one model fails its requests).
 
 Pure; no I/O.
 """
