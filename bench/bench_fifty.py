@@ -10,6 +10,11 @@ recorded trace replayed in the simulator with Belady's MIN and with the same pol
 
     PYTHONPATH=src:. .venv/bin/python bench/bench_fifty.py            # 3,000 requests
     PYTHONPATH=src:. .venv/bin/python bench/bench_fifty.py --configs gdsf-decay arrival-cost
+    PYTHONPATH=src:. .venv/bin/python bench/bench_fifty.py --configs arrival-cost gdsf-decay \
+        --log bench/results/fifty.log      # that order; the manager's log (evictions, why)
+
+Failed requests are printed after the table, each with its error (the log then says
+which load evicted the model, and when).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import tempfile
 from pathlib import Path
 
@@ -40,16 +46,24 @@ async def main() -> None:
         "--configs", nargs="*", help="run only these configurations (by policy name)"
     )
     parser.add_argument("--json", type=Path, default=Path("bench/results/fifty.json"))
+    parser.add_argument("--log", type=Path, help="write the manager's log (INFO) here")
     args = parser.parse_args()
+    if args.log is not None:
+        args.log.parent.mkdir(parents=True, exist_ok=True)
+        logging.basicConfig(
+            filename=args.log, level=logging.INFO, format="%(relativeCreated)10.1f %(message)s"
+        )
+    # In the order given (alternate it between runs: the machine's load drifts).
+    configs = [c for p in args.configs for c in CONFIGS if c[1] == p] if args.configs else CONFIGS
     rows = []
     print(
         "| configuration | failed | hottest loads | loads | cold-start s | wall s "
         "| sim loads | Belady loads | loads / Belady |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for label, policy, hot in CONFIGS:
-        if args.configs and policy not in args.configs:
-            continue
+    failed: list[str] = []
+    for label, policy, hot in configs:
+        logging.getLogger("modelyard.manager").info("run: %s", label)
         with tempfile.TemporaryDirectory() as d:
             r = await run(
                 Path(d), n_requests=args.requests, policy=policy, protect_hot=hot,
@@ -65,10 +79,12 @@ async def main() -> None:
             f"| {r.total_loads / bel.loads:.2f} |",
             flush=True,
         )
+        failed += [f"{label}: {f}" for f in r.failures]
         rows.append(
             {
                 "config": label,
                 "failed": len(r.failures),
+                "failures": r.failures[:20],
                 "hottest": top,
                 "hottest_loads": r.loads[top],
                 "loads": r.total_loads,
@@ -78,6 +94,8 @@ async def main() -> None:
                 "belady_loads": bel.loads,
             }
         )
+    for line in failed:
+        print(f"failed: {line}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(rows, indent=2))
 

@@ -19,6 +19,10 @@ pre-warms (prefetches whose reason is a pre-warm window) among the prefetches.
 
     PYTHONPATH=src:. .venv/bin/python bench/bench_prewarm_live.py          # 30 models, 240 s
     PYTHONPATH=src:. .venv/bin/python bench/bench_prewarm_live.py --order on,off
+    PYTHONPATH=src:. .venv/bin/python bench/bench_prewarm_live.py --simulate   # no server
+
+``--simulate`` replays the same trace in the simulator instead (pre-warm off and on, the
+ONNX load curve at 1x and 3x): what the live run should show, without its timing.
 """
 
 from __future__ import annotations
@@ -37,7 +41,10 @@ import httpx
 import numpy as np
 from _live_models import body_of, budget_watch, build_models, footprint_mib, machine_load, totals
 
+from modelyard.config.settings import PrefetchConfig
 from modelyard.manager.events import Event
+from modelyard.simulation.engine import simulate
+from modelyard.simulation.traces import LOAD_CURVES, MIB, ModelSpec, Request, Trace
 from tests.servers import running_server, write_config
 
 
@@ -149,6 +156,33 @@ async def one_run(
     }
 
 
+def simulated(
+    names: list[str], sizes: list[float], trace: list[tuple[float, str]], budget_mb: int
+) -> None:
+    """Replay ``trace`` in the simulator with pre-warming off and on (no server)."""
+    curve = LOAD_CURVES["onnx"]
+    for scale in (1.0, 3.0):
+        specs = {
+            n: ModelSpec(
+                n, int(footprint_mib(mb) * MIB), scale * curve.load_s(int(footprint_mib(mb) * MIB))
+            )
+            for n, mb in zip(names, sizes, strict=True)
+        }
+        replay_trace = Trace("compressed-azure", [Request(t, m) for t, m in trace], specs)
+        for prewarm in (False, True):
+            r = simulate(
+                replay_trace,
+                "arrival-cost",
+                budget_mb * MIB,
+                prefetch=PrefetchConfig(prewarm=prewarm),
+            )
+            print(
+                f"simulated, load times x{scale:g}, pre-warm {'on' if prewarm else 'off'}: "
+                f"cold starts {r.cold_starts}, {r.cold_start_s:.1f} s, loads {r.loads}, "
+                f"pre-warms {r.prewarms}, hits {r.prefetch_hits}, wasted {r.prefetch_wasted}"
+            )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", type=int, default=30)
@@ -157,6 +191,7 @@ async def main() -> None:
     parser.add_argument("--policy", default="arrival-cost")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=Path("bench/results/prewarm_live.json"))
+    parser.add_argument("--simulate", action="store_true", help="the simulator, not a server")
     args = parser.parse_args()
     x = np.random.default_rng(0).random((1, 64), dtype=np.float32)
     sizes = [float(mb) for mb in np.linspace(1, 4, args.models)]
@@ -173,6 +208,9 @@ async def main() -> None:
             f"{args.duration_s:.0f} s; {machine_load()}",
             flush=True,
         )
+        if args.simulate:
+            simulated(names, sizes, trace, budget_mb)
+            return
         for i, label in enumerate(args.order.split(",")):
             row = await one_run(
                 root, names, expected, body_of(x), trace,

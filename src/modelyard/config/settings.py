@@ -79,8 +79,9 @@ class PrefetchConfig(BaseModel):
     prewarm: bool = True
     """Also load a model shortly before its pre-warm window opens: when its idle times
     (the gaps between its requests, the last 16) agree within a factor of 1.25, as a
-    timer's do, it is loaded twice its load time plus a second before the shortest of
-    them has passed ("Serverless in the Wild"); the same displacement rule applies."""
+    timer's do, it is loaded twice its load time plus a quarter of a second before the
+    shortest of them has passed ("Serverless in the Wild"); the same displacement rule
+    applies."""
     page_cache: bool = True
     """When a predicted model cannot be loaded, read its files into the page cache
     (``posix_fadvise(WILLNEED)``; no budget used) so its load skips the disk."""
@@ -144,11 +145,11 @@ class ServerSettings(BaseSettings):
     """Poll mode: a version folder without a manifest is taken once unchanged this long."""
     memory_sample_interval_s: float = Field(default=5.0, gt=0)
     """How often each worker's live memory (RSS/USS/PSS) is read for stats and metrics."""
-    eviction_policy: Literal["lru", "lfu", "cost", "gdsf-decay", "arrival-cost"] = "gdsf-decay"
+    eviction_policy: Literal["lru", "lfu", "cost", "gdsf-decay", "arrival-cost"] = "arrival-cost"
     """Who leaves when room is needed: ``lru``, ``lfu``, ``cost`` (Greedy-Dual-Size-
     Frequency), ``gdsf-decay`` (GDSF over recent demand) or ``arrival-cost`` (request
-    episodes times reload seconds per MiB, by each model's gap histogram); see
-    docs/caching.md."""
+    episodes times reload seconds per MiB, by each model's gap histogram; the default,
+    fewest cold-start seconds live and in the simulator); see docs/caching.md."""
     eviction_period_s: float = Field(default=86_400.0, ge=0)
     """The daily cycle ``arrival-cost`` looks for in each model's demand (and the hot-model
     rule with it), acted on once it has repeated; 0: none. See docs/caching.md."""

@@ -29,7 +29,7 @@ from modelyard.manager.eviction import (
     select_victims,
     top_scale,
 )
-from modelyard.manager.hot_set import hot_set, just_loaded, wait_to_spare_hottest
+from modelyard.manager.hot_set import awaited, hot_set, just_loaded, wait_to_spare_hottest
 from modelyard.manager.llm_memory import gguf_estimate
 from modelyard.manager.records import Holder, ModelRecord, Replica, ReplicaState
 from modelyard.manager.states import RESIDENT, ModelState
@@ -353,15 +353,15 @@ class Admission:
            as a model with steady traffic may never be idle (not one loaded less than
            ``_MAX_WAIT_S`` ago for requests that wait for it: ``hot_set.just_loaded``);
         3. else hot models too (after those just loaded), the least demanded first;
-        4. else, if models still loading could make room, wait; otherwise refuse.
+        4. else, if models still loading could make room, wait; otherwise refuse
+           (none takes a model whose waiters have not woken since its load: ``victims``).
         """
         spares, keys = self.spare_replicas(record, device, missing, files, leaving)
         if self.budget.freed_by(device, keys, files) >= missing:
             return spares, [], None
         hot = self.hot()
-        victims = self.victims(
-            record, missing, files, keys, device=device, exclude=hot, idle_only=True
-        )
+        pick = partial(self.victims, record, missing, files, keys, device=device)
+        victims = pick(exclude=hot, idle_only=True)
         if victims is not None:
             return spares, victims, None
         ready = self.candidates(record, device=device)
@@ -380,14 +380,10 @@ class Admission:
         # Impatience takes busy models, but not one just loaded for its waiters.
         fresh = just_loaded(others, device, self._clock.monotonic(), _MAX_WAIT_S)
         if self.budget.freed_by(device, keys + cold, files) >= missing:
-            if not patient:
-                busy = self.victims(
-                    record, missing, files, keys, device=device, exclude=hot | fresh
-                )
-                if busy is not None:
-                    return spares, busy, None
+            if not patient and (busy := pick(exclude=hot | fresh)) is not None:
+                return spares, busy, None
             return spares, [], _BUSY_POLL_S
-        victims = self.victims(record, missing, files, keys, device=device, hot=fresh | hot)
+        victims = pick(hot=fresh | hot)
         if victims is not None:
             holders = partial(self.holders, device=device)
             if patient and wait_to_spare_hottest(
@@ -417,14 +413,16 @@ class Admission:
         Counted by the budget, not by each victim's own reservation: a weight file
         several models share is freed only when all of them go, and one ``record``
         will map anyway is not freed at all. Models in ``exclude`` are not candidates,
-        nor busy ones with ``idle_only``; those in ``hot`` come last whatever the policy
-        says, the least demanded of them first.
+        nor busy ones with ``idle_only``, nor ones whose waiters have not woken since
+        their load (``hot_set.awaited``: a load waiting for room wakes first when a load
+        ends); those in ``hot`` come last, the least demanded of them first.
         """
         device = device or record.device
+        skip = {*(exclude or {}), *awaited(self.records(), device)}
         candidates = [
             r
             for r in self.candidates(record, device=device)
-            if r.key not in (exclude or {}) and not (idle_only and r.pending > 0)
+            if r.key not in skip and not (idle_only and r.pending > 0)
         ]
         replicated = any(r.replicas for r in candidates)
         if not files and not self.budget.device(device).shared and not replicated:

@@ -33,8 +33,10 @@ log = logging.getLogger("modelyard.manager")
 _MIB = 1024 * 1024
 # A predicted model's files are read into the page cache at most once in this long.
 PAGE_CACHE_EVERY_S = 30.0
-PREWARM_TICK_S = 1.0
-"""How often opening pre-warm windows are looked for besides after each request."""
+PREWARM_TICK_S = 0.2
+"""How often opening pre-warm windows are looked for besides after each request: within
+``prefetch.PREWARM_MARGIN_S``, so a quiet server starts a pre-warm in time (a look is a
+peek at a heap)."""
 
 
 class Anticipation:

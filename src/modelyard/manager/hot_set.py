@@ -18,6 +18,11 @@ back by a load that has run out of patience before those requests have run
 (:func:`just_loaded`). With ``arrival-cost``, the second-hottest model (out of the hot
 set by its rank per MiB, busy, so only an impatient load takes it) was evicted again as
 it came READY, before its waiters were routed, until they ran out of route attempts.
+Nor by any load, patient or not, while those requests have not woken up to be routed
+(:func:`awaited`): a load that waits for room wakes up when a load finishes, before the
+requests that waited for that load do, and a patient one that had to take hot models
+took the just-loaded one first (session 10: still 1-4 times a run after
+:func:`just_loaded`; a run of such turns on one model fails its requests).
 
 Pure; no I/O.
 """
@@ -32,7 +37,14 @@ from modelyard.manager.eviction import HOT_BUDGET_SHARE, cap_hot
 from modelyard.manager.records import Holder, ModelRecord
 from modelyard.manager.states import ModelState
 
-__all__ = ["hot_set", "hottest", "just_loaded", "wait_to_spare_hottest", "with_hottest"]
+__all__ = [
+    "awaited",
+    "hot_set",
+    "hottest",
+    "just_loaded",
+    "wait_to_spare_hottest",
+    "with_hottest",
+]
 
 
 def hot_set(
@@ -118,4 +130,15 @@ def just_loaded(
         and r.state is ModelState.READY
         and now - r.state_since < grace_s
         and r.pending > 0
+    }
+
+
+def awaited(records: Iterable[ModelRecord], device: str) -> set[Hashable]:
+    """Models on ``device`` READY with requests still waiting to wake from their load:
+    never victims until those requests are routed (a few event-loop turns), after which
+    they are busy and drain them before they leave."""
+    return {
+        r.key
+        for r in records
+        if r.device == device and r.state is ModelState.READY and r.requests_awaiting_load > 0
     }

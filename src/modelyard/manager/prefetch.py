@@ -60,9 +60,12 @@ class PrefetchDecision:
 
 
 PREWARM_LOAD_FACTOR = 2.0
-PREWARM_MARGIN_S = 1.0
+PREWARM_MARGIN_S = 0.25
 """A model is pre-warmed its load time times the factor, plus the margin, before its
-window opens (a load may queue behind others for a slot)."""
+window opens (a load may queue behind others for a slot; the margin covers the server's
+look every ``anticipation.PREWARM_TICK_S``). Every second early is a second the model
+holds memory others are loaded into: with a 1-s margin a quarter of the live pre-warms
+were evicted before their request (session 10, BENCHMARKS.md §17)."""
 
 SOLE_TRACK = 50
 """How many recent tests of sole successors :meth:`MarkovPredictor.sole_reliable` weighs."""
@@ -257,8 +260,8 @@ class Prefetcher:
         return self._prewarm(now, 0, turnover_s)
 
     def _lead_s(self, model: str) -> float:
-        """How long before its window a model is pre-warmed: its load, twice, and a
-        second (a load may queue for a slot behind others)."""
+        """How long before its window a model is pre-warmed: its load, twice (a load may
+        queue for a slot behind others), and :data:`PREWARM_MARGIN_S`."""
         try:
             record = self._resolve(model)
         except ServerError:

@@ -14,8 +14,9 @@ from pathlib import Path
 from modelyard.config.model_config import ModelConfig
 from modelyard.manager.admission import _MAX_WAIT_S, Admission
 from modelyard.manager.budget import MemoryBudget
+from modelyard.manager.demand import DemandTracker
 from modelyard.manager.eviction import make_policy
-from modelyard.manager.hot_set import just_loaded
+from modelyard.manager.hot_set import awaited, just_loaded
 from modelyard.manager.records import ModelKey, ModelRecord
 from modelyard.manager.states import ModelState
 
@@ -90,3 +91,44 @@ async def test_once_its_grace_is_over_a_reloaded_busy_model_is_a_victim_again() 
     # Requests must wait for it: an idle model just loaded is not protected.
     reloaded.leases = 0
     assert just_loaded([reloaded, idle], "cpu", clock.now, _MAX_WAIT_S) == {}
+
+
+async def test_no_load_takes_a_model_before_the_requests_it_was_loaded_for_wake_up() -> None:
+    # The load that finished notified the loads waiting for room first: they run before
+    # its own waiters are routed. One that must take hot models took the just-loaded one
+    # (cold, so before them), though it was patient, and its requests found it draining.
+    clock = _Clock()
+    budget = MemoryBudget({"cpu": 100})
+    hot = _record("hot", budget, 50, last_used=clock.now)
+    hot.leases = 0
+    loaded = _record("loaded", budget, 30, last_used=clock.now - 5)
+    loaded.state_since = clock.now  # READY just now ...
+    loaded.requests_awaiting_load = 1  # ... and its request has not woken up yet
+    demand = DemandTracker()
+    for _ in range(20):
+        demand.observe(hot.key, clock.now)
+    demand.observe(loaded.key, clock.now - 5)
+    new = ModelRecord(ModelKey("new", "1"), ModelConfig(name="new", path="new"), Path("new"))
+    new.device = "cpu"
+    records = [hot, loaded, new]
+    evicted: list[str] = []
+
+    def evict(record: ModelRecord, why: str) -> None:
+        evicted.append(record.key.name)
+        record.state = ModelState.UNLOADED
+        budget.release("cpu", record.key)
+        record.reserved_bytes = 0
+        asyncio.get_running_loop().create_task(_notify(admission))
+
+    admission = Admission(
+        budget, make_policy("lru"), lambda: records, evict, clock, demand=demand,
+        hot_fraction=0.5,
+    )  # fmt: skip
+    assert set(admission.hot()) == {hot.key}
+    assert awaited(records, "cpu") == {loaded.key}
+    # 60 needed, 40 missing: the loaded one (30) cannot make it alone, so the hot ones
+    # are in play; the loaded one came first of them and the hot one went with it.
+    await asyncio.wait_for(admission.admit(new, 60, None), timeout=5)
+    assert "loaded" not in evicted
+    assert loaded.state is ModelState.READY
+    assert budget.reserved("cpu", new.key) == 60

@@ -11,9 +11,9 @@ import pytest
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import DeviceConfig, PrefetchConfig, ServerSettings
 from modelyard.errors import ModelNotFoundError
-from modelyard.manager.eviction import ArrivalCostPolicy
+from modelyard.manager.eviction import ArrivalCostPolicy, reload_seconds
 from modelyard.manager.manager import ModelManager
-from modelyard.manager.prefetch import Prefetcher
+from modelyard.manager.prefetch import PREWARM_LOAD_FACTOR, PREWARM_MARGIN_S, Prefetcher
 from modelyard.manager.prewarm import PrewarmWindows
 from modelyard.manager.records import ModelKey, ModelRecord
 from tests.fakes.clock import FakeClock
@@ -90,15 +90,19 @@ def test_the_prefetcher_loads_a_timer_just_before_its_window() -> None:
     prefetcher, t = _prefetcher(free=100)
     for k in range(6):
         assert prefetcher.after("t", 60.0 * k) is None
-    # Lead: twice its 0.5 s load plus a second, so due from 358 s (window opens at 360).
-    assert prefetcher.after("other", 357.9) is None
-    decision = prefetcher.after("other", 358.0)
+    # Lead: twice its 0.5 s load plus a quarter of a second, so due from 358.75 s
+    # (window at 360). Not earlier: every second it is loaded ahead, loads on demand
+    # may evict it before its request (a 1-s margin wasted a quarter of the live
+    # pre-warms, session 10).
+    due = 358.75
+    assert prefetcher.after("other", due - 0.05) is None
+    decision = prefetcher.after("other", due)
     assert decision is not None
     assert decision.load
     assert decision.target is t
     assert decision.guess.prewarm
     assert decision.guess.probability == pytest.approx(5 / 6)
-    assert prefetcher.after("other", 358.5) is None, "acted on once per window"
+    assert prefetcher.after("other", due + 0.5) is None, "acted on once per window"
 
 
 def test_without_prewarm_a_timer_is_not_loaded_ahead() -> None:
@@ -130,6 +134,26 @@ def test_arrival_cost_evicts_a_model_that_will_be_prewarmed_first() -> None:
     assert policy.order([timer, steady]) == [timer, steady]
 
 
+def test_a_prewarmed_model_due_for_its_request_outlasts_one_just_asked_for() -> None:
+    # Session 10, the live pre-warm run: the model just asked for (inside an episode for
+    # 0.2 s) was ranked after every other idle model, the pre-warmed one included, so a
+    # demand load evicted the pre-warmed model a moment before its request came.
+    policy = ArrivalCostPolicy(period_s=None)
+    prefetcher, timer = _prefetcher(free=0)
+    other = ModelRecord(ModelKey("o", "1"), ModelConfig(name="o", path="o"), Path("o/1"))
+    other.timings.total_s = 0.5
+    for k in range(7):  # a timer every 60 s: its window opens at 420 s
+        policy.on_request(timer, 60.0 * k)
+        prefetcher.after("t", 60.0 * k)
+    prefetcher.pair(policy)
+    due = 420.0 - (PREWARM_LOAD_FACTOR * 0.5 + PREWARM_MARGIN_S)
+    policy.on_request(other, due + 0.1)  # asked for once, just now: inside an episode
+    assert policy.mid_episode(other)
+    assert not policy.mid_episode(timer)
+    assert policy.imminent(timer), "its pre-warm window says its request is due"
+    assert policy.order([timer, other]) == [other, timer]
+
+
 async def test_the_manager_prewarms_a_timer_and_counts_the_hit(tmp_path: Path) -> None:
     settings = folder_settings(
         tmp_path,
@@ -150,15 +174,17 @@ async def test_the_manager_prewarms_a_timer_and_counts_the_hit(tmp_path: Path) -
         clock.advance(10)
     clock.advance(-10)  # the sixth call was at 50 s; the window opens at 60 s
     await manager.evict(a, reason="test")
-    clock.advance(8.5)  # due from about 59 s (a second plus twice its load before)
+    # Due from 59.55 s: the margin plus twice its load (0.1 s, the default) before 60 s.
+    lead_s = PREWARM_LOAD_FACTOR * reload_seconds(a) + PREWARM_MARGIN_S
+    clock.advance(10 - lead_s - 0.05)
     manager.touch(b)
     assert a.stats.prefetches == 0
-    clock.advance(0.6)
+    clock.advance(0.1)
     manager.touch(b)
     assert a.stats.prefetches == 1
     events = [e for e in manager.events.recent() if e.kind == "prefetch"]
     assert "pre-warm" in events[-1].message
-    clock.advance(0.9)
+    clock.advance(lead_s - 0.05)
     manager.touch(a)
     assert a.stats.prefetch_hits == 1
     await manager.close()
@@ -183,7 +209,8 @@ async def test_a_quiet_server_prewarms_a_timer_on_its_own(tmp_path: Path) -> Non
             clock.advance(10)
         manager.touch(a)
     await manager.evict(a, reason="test")
-    clock.advance(9.5)  # nothing else is asked for: the tick alone finds it due
+    # Due from 59.55 s (see above); nothing else is asked for: the tick alone finds it.
+    clock.advance(10 - (PREWARM_LOAD_FACTOR * reload_seconds(a) + PREWARM_MARGIN_S) / 2)
     await _until(lambda: a.is_ready)
     assert a.stats.prefetches == 1
     await manager.close()

@@ -45,7 +45,7 @@ async def test_stats_and_health_say_the_same_about_a_version(tmp_path: Path) -> 
             "kind": "cpu",
         }
     ]
-    assert document["eviction_policy"] == "gdsf-decay"
+    assert document["eviction_policy"] == "arrival-cost"
     assert [e["kind"] for e in document["events"]] == ["loaded"]
     await manager.close()
 
