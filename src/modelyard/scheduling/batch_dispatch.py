@@ -22,7 +22,7 @@ from modelyard.errors import (
 )
 from modelyard.scheduling.batcher import select_batch
 from modelyard.scheduling.breaker import BreakerState
-from modelyard.scheduling.dispatcher import call_model
+from modelyard.scheduling.dispatcher import call_model, total_rows
 from modelyard.scheduling.request_queue import QueuedRequest, RequestState
 from modelyard.scheduling.scheduler_core import Lifecycle, SchedulerCore, copy_error, logger
 from modelyard.scheduling.wait_estimate import RunningCall
@@ -129,7 +129,7 @@ class BatchDispatcher(SchedulerCore):
         if not self.config.early_rejection or self.config.max_concurrency != 1:
             return
         predict_s = self._service.predict_s
-        batch_s = predict_s(_rows(batch))
+        batch_s = predict_s(total_rows(batch))
         if batch_s is None:
             return
         # The queue is walked after every batch: no generator or estimate per request
@@ -260,10 +260,3 @@ def _oldest(requests: list[QueuedRequest]) -> float:
         if request.arrival < oldest:
             oldest = request.arrival
     return oldest
-
-
-def _rows(requests: list[QueuedRequest]) -> int:
-    total = 0
-    for request in requests:
-        total += request.rows
-    return total

@@ -9,7 +9,7 @@ scheduler's job.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,10 +56,7 @@ class CallReport:
     @property
     def rows(self) -> int:
         """Rows in the batch."""
-        total = 0
-        for request in self.requests:  # a loop: no generator per request
-            total += request.rows
-        return total
+        return total_rows(self.requests)
 
     @property
     def compute_s(self) -> float:
@@ -75,6 +72,14 @@ class CallReport:
     def is_model_fault(self) -> bool:
         """True when the outcome counts as a failure against the model."""
         return self.is_late or isinstance(self.error, MODEL_FAULTS)
+
+
+def total_rows(requests: Sequence[QueuedRequest]) -> int:
+    """Rows of ``requests`` together (a loop: no generator per request, on every batch)."""
+    total = 0
+    for request in requests:
+        total += request.rows
+    return total
 
 
 async def call_model(
