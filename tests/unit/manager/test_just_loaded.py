@@ -12,13 +12,13 @@ import asyncio
 from pathlib import Path
 
 from modelyard.config.model_config import ModelConfig
-from modelyard.manager.admission import _MAX_WAIT_S, Admission
+from modelyard.manager.admission import _MAX_WAIT_S
 from modelyard.manager.budget import MemoryBudget
 from modelyard.manager.demand import DemandTracker
-from modelyard.manager.eviction import make_policy
 from modelyard.manager.hot_set import awaited, just_loaded
 from modelyard.manager.records import ModelKey, ModelRecord
 from modelyard.manager.states import ModelState
+from tests.unit.manager.admission_scene import lru_admission, new_model
 
 
 class _Clock:
@@ -43,42 +43,6 @@ def _record(name: str, budget: MemoryBudget, nbytes: int, last_used: float) -> M
     return record
 
 
-async def _notify(admission: Admission) -> None:
-    async with admission.changed:
-        admission.changed.notify_all()
-
-
-def _new() -> ModelRecord:
-    """The model to admit."""
-    new = ModelRecord(ModelKey("new", "1"), ModelConfig(name="new", path="new"), Path("new"))
-    new.device = "cpu"
-    return new
-
-
-def _admission(
-    budget: MemoryBudget,
-    records: list[ModelRecord],
-    clock: _Clock,
-    demand: DemandTracker | None = None,
-) -> tuple[Admission, list[str]]:
-    """LRU admission over ``records`` whose evictions finish at once; with the names
-    evicted, in order (a demand tracker: the top half is hot)."""
-    evicted: list[str] = []
-
-    def evict(record: ModelRecord, why: str) -> None:
-        evicted.append(record.key.name)
-        record.state = ModelState.UNLOADED
-        budget.release("cpu", record.key)
-        record.reserved_bytes = 0
-        asyncio.get_running_loop().create_task(_notify(admission))
-
-    admission = Admission(
-        budget, make_policy("lru"), lambda: records, evict, clock, demand=demand,
-        hot_fraction=0.5,
-    )  # fmt: skip
-    return admission, evicted
-
-
 async def test_an_impatient_load_takes_the_older_busy_model_not_the_one_just_loaded() -> None:
     clock = _Clock()
     budget = MemoryBudget({"cpu": 100})
@@ -86,9 +50,9 @@ async def test_an_impatient_load_takes_the_older_busy_model_not_the_one_just_loa
     # reloaded one goes first: its last use is older.
     reloaded = _record("reloaded", budget, 40, last_used=clock.now - 5)
     steady = _record("steady", budget, 40, last_used=clock.now - 1)
-    new = _new()
+    new = new_model()
     records = [reloaded, steady, new]
-    admission, evicted = _admission(budget, records, clock)
+    admission, evicted = lru_admission(budget, records, clock)
     admitting = asyncio.create_task(admission.admit(new, 50, None))
     await asyncio.sleep(0.05)
     assert evicted == []  # patient: both will be idle soon
@@ -129,9 +93,9 @@ async def test_no_load_takes_a_model_before_the_requests_it_was_loaded_for_wake_
     for _ in range(20):
         demand.observe(hot.key, clock.now)
     demand.observe(loaded.key, clock.now - 5)
-    new = _new()
+    new = new_model()
     records = [hot, loaded, new]
-    admission, evicted = _admission(budget, records, clock, demand)
+    admission, evicted = lru_admission(budget, records, clock, demand)
     assert set(admission.hot()) == {hot.key}
     assert awaited(records, "cpu") == {loaded.key}
     # 60 needed, 40 missing: the loaded one (30) cannot make it alone, so the hot ones

@@ -17,9 +17,9 @@ from modelyard.config.model_config import ModelConfig
 from modelyard.manager.admission import Admission
 from modelyard.manager.budget import MemoryBudget
 from modelyard.manager.demand import DemandTracker
-from modelyard.manager.eviction import make_policy
 from modelyard.manager.records import ModelKey, ModelRecord
 from modelyard.manager.states import ModelState
+from tests.unit.manager.admission_scene import lru_admission, new_model, notify
 
 
 def _record(name: str, state: ModelState, budget: MemoryBudget, nbytes: int) -> ModelRecord:
@@ -29,12 +29,6 @@ def _record(name: str, state: ModelState, budget: MemoryBudget, nbytes: int) -> 
     assert budget.try_reserve("cpu", record.key, nbytes)
     record.reserved_bytes = nbytes
     return record
-
-
-async def _notify(admission: Admission) -> None:
-    """What the manager's eviction task does once the victim has gone."""
-    async with admission.changed:
-        admission.changed.notify_all()
 
 
 def _scene() -> tuple[MemoryBudget, list[ModelRecord], list[str], Admission]:
@@ -51,23 +45,9 @@ def _scene() -> tuple[MemoryBudget, list[ModelRecord], list[str], Admission]:
     for record, requests in zip(records, (50, 20, 1), strict=True):
         for _ in range(requests):
             demand.observe(record.key, now)
-    new = ModelRecord(ModelKey("new", "1"), ModelConfig(name="new", path="new"), Path("new"))
-    new.device = "cpu"
-    records.append(new)
-    evicted: list[str] = []
-
-    def evict(record: ModelRecord, why: str) -> None:
-        evicted.append(record.key.name)
-        record.state = ModelState.UNLOADED
-        budget.release("cpu", record.key)
-        record.reserved_bytes = 0
-        asyncio.get_running_loop().create_task(_notify(admission))
-
-    # hot_fraction 0.5: both idle models are hot (the top half of the known ones).
-    admission = Admission(
-        budget, make_policy("lru"), lambda: records, evict, MonotonicClock(), demand=demand,
-        hot_fraction=0.5,
-    )  # fmt: skip
+    records.append(new_model())
+    # Both idle models are hot (the top half of the known ones).
+    admission, evicted = lru_admission(budget, records, MonotonicClock(), demand)
     assert set(admission.hot()) == {records[0].key, records[1].key}
     return budget, records, evicted, admission
 
@@ -81,7 +61,7 @@ async def test_the_hottest_waits_out_a_load_that_will_make_room() -> None:
     assert evicted == []
     assert not admitting.done()
     loading.state = ModelState.READY
-    await _notify(admission)
+    await notify(admission)
     await asyncio.wait_for(admitting, timeout=5)
     assert sorted(evicted) == ["loading", "warm"]
     assert hottest.state is ModelState.READY
