@@ -56,7 +56,10 @@ from modelyard.bench import BenchConfig, run_bench
 from modelyard.examples.mlp import build_identity_onnx
 
 TARGET_OVERHEAD_US = 150.0
-MODES = ("bare", "floor", "roundtrip", "process", "inline")
+MODES = ("bare", "floor", "roundtrip", "pipe_process", "pipe_inline", "process", "inline")
+FLOORS = ("floor", "pipe_process", "pipe_inline")
+"""The modes served by a floor server (the minimal HTTP server, the pipeline floors)."""
+_PIPELINE_FLOOR = Path(__file__).with_name("pipeline_floor.py")
 SERVER_MODES = ("process", "inline")
 LOAD_CONCURRENCY = 50
 TARGET_CPU_US_C50 = 120.0
@@ -196,12 +199,12 @@ def server_phase(
 
 
 @contextlib.contextmanager
-def floor_server() -> Iterator[tuple[str, int]]:
-    """Run the minimal HTTP server in a subprocess; yield its URL and pid."""
+def floor_server(*args: str) -> Iterator[tuple[str, int]]:
+    """Run a floor server in a subprocess (none given: the minimal HTTP server; else
+    ``pipeline_floor.py`` with ``args`` after its port); yield its URL and pid."""
     port = _server.free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _FLOOR_SERVER, str(port)], stdin=subprocess.DEVNULL
-    )
+    argv = ["-c", _FLOOR_SERVER] if not args else [str(_PIPELINE_FLOOR)]
+    proc = subprocess.Popen([sys.executable, *argv, str(port), *args], stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -269,8 +272,10 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
                     servers["-base"] = stack.enter_context(
                         _server.Server(cfg, root / "server-base.log")
                     )
-            floor_url, floor_pid = stack.enter_context(floor_server())
-            print(f"server pid {server.pid} on {server.url}; floor on {floor_url}", file=sys.stderr)
+            floors = {"floor": stack.enter_context(floor_server())}
+            for mode in ("pipe_process", "pipe_inline"):
+                floors[mode] = stack.enter_context(floor_server(str(path), mode[5:]))
+            print(f"server pid {server.pid} on {server.url}; floors {floors}", file=sys.stderr)
             for rep in range(args.repeats):
                 shift = rep % len(modes)
                 for mode in modes[shift:] + modes[:shift]:
@@ -278,8 +283,9 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
                         r = bare_phase(session, args.bare_calls)
                     elif mode == "roundtrip":
                         r = roundtrip_phase(args.bare_calls)
-                    elif mode == "floor":
-                        r = server_phase(floor_url, floor_pid, "identity", payload, args.duration_s)
+                    elif mode in floors:
+                        url, pid = floors[mode]
+                        r = server_phase(url, pid, "identity", payload, args.duration_s)
                     else:
                         iso, _, base = mode.partition("-")
                         srv = servers["-base" if base else ""]
@@ -293,9 +299,10 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
                         file=sys.stderr,
                     )
             # Server CPU per request under load: one phase per server mode, and the floor.
-            for mode in ["floor", *(m for m in modes if m not in ("bare", "roundtrip", "floor"))]:
-                if mode == "floor":
-                    url, pid, model = floor_url, floor_pid, "identity"
+            for mode in [*FLOORS, *(m for m in modes if m not in ("bare", "roundtrip", *FLOORS))]:
+                if mode in floors:
+                    url, pid = floors[mode]
+                    model = "identity"
                 else:
                     iso, _, base = mode.partition("-")
                     srv = servers["-base" if base else ""]
@@ -355,6 +362,13 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
         row["x_both_floors"] = row["overhead_p50_us"] / (http_floor + round_trip)
         if floor_cpu and row.get("server_cpu_us_per_request_c50"):
             row["cpu_c50_x_floor"] = row["server_cpu_us_per_request_c50"] / floor_cpu
+        # The pipeline floor of the same isolation: what the features cost above the work.
+        pipe = out.get("pipe_" + mode.partition("-")[0])
+        if pipe is not None and not mode.startswith("pipe_"):
+            row["x_pipeline_floor"] = row["overhead_p50_us"] / pipe["overhead_p50_us"]
+            pipe_cpu = pipe.get("server_cpu_us_per_request_c50")
+            if pipe_cpu and row.get("server_cpu_us_per_request_c50"):
+                row["cpu_c50_x_pipeline_floor"] = row["server_cpu_us_per_request_c50"] / pipe_cpu
     return out
 
 
@@ -365,6 +379,8 @@ def _label(mode: str) -> str:
         return "round trip to another process (floor)"
     if mode == "floor":
         return "minimal HTTP server (floor)"
+    if mode.startswith("pipe_"):
+        return f"pipeline floor, {mode[5:]} (bench/pipeline_floor.py)"
     iso, _, base = mode.partition("-")
     return f"modelyard REST, isolation: {iso}" + (" (baseline sources)" if base else "")
 
@@ -381,6 +397,8 @@ def report(summary: dict[str, dict[str, Any]]) -> str:
         "server CPU / request, c=1 (µs)",
         f"server CPU / request, c={LOAD_CONCURRENCY} (µs)",
         f"CPU / floor's CPU, c={LOAD_CONCURRENCY}",
+        "overhead / pipeline floor's",
+        f"CPU / pipeline floor's CPU, c={LOAD_CONCURRENCY}",
         f"req/s, c={LOAD_CONCURRENCY}",
     ]
 
@@ -399,6 +417,8 @@ def report(summary: dict[str, dict[str, Any]]) -> str:
             num(s, "server_cpu_us_per_request", ".0f"),
             num(s, "server_cpu_us_per_request_c50", ".0f"),
             num(s, "cpu_c50_x_floor", ".2f"),
+            num(s, "x_pipeline_floor", ".2f"),
+            num(s, "cpu_c50_x_pipeline_floor", ".2f"),
             num(s, "qps_c50", ".0f"),
         ]
         for mode, s in summary.items()
@@ -426,6 +446,12 @@ def main() -> None:
     print(f"\nconcurrency 1; medians of {args.repeats} repeats; {env}\n")
     print(report(summary))
     worst = max(summary[m]["overhead_p50_us"] for m in SERVER_MODES)
+    pipe = summary["pipe_process"]
+    print(
+        f"\npipeline floor, process: median overhead {pipe['overhead_p50_us']:.1f} µs, "
+        f"c={LOAD_CONCURRENCY} server CPU {pipe.get('server_cpu_us_per_request_c50', 0):.0f} "
+        "µs per request (the least any Python server with a worker hop does)"
+    )
     print(f"\nworst median overhead {worst:.1f} µs (target <= {TARGET_OVERHEAD_US:.0f} µs)")
     cpu = summary["process"].get("server_cpu_us_per_request_c50")
     if cpu is not None:
