@@ -21,9 +21,16 @@ uvloop ``asyncio.Protocol`` in another process that answers every request with a
 v2 response body): what any Python server would cost at the least, so modelyard - floor is
 the part modelyard itself adds. A fifth, **round trip**, times a datagram sent to another
 process and echoed back on a SOCK_SEQPACKET pair (what any worker hop costs at the least).
+Two more, the **pipeline floors** (``pipe_process``, ``pipe_inline``: see
+``bench/pipeline_floor.py``, which serves the HTTP floor too), do the work no server can
+skip for this request and nothing else: parse, decode the JSON, run the model (in a worker
+process over a SOCK_SEQPACKET pair, or in the server), encode, write. modelyard's overhead
+over theirs is what its features cost (routing, checks, queues, deadlines, breakers,
+metrics, the cache's bookkeeping); the process floor's own overhead is the least any
+Python server with a worker hop can reach on the machine.
 The modes run back to back per repeat, order rotated; the medians over repeats are reported.
 
-Then, per server (and the floor), one phase at **concurrency 50** gives the server's CPU
+Then, per server (and each floor), one phase at **concurrency 50** gives the server's CPU
 per request under load (the whole process tree, workers included), beside the floor's.
 
 With ``--baseline-src DIR``, a second server runs the modelyard sources in ``DIR`` (put
@@ -73,40 +80,6 @@ PAYLOAD = {
         }
     ]
 }
-
-# A minimal keep-alive HTTP/1.1 server: the floor any Python server stands on.
-_FLOOR_SERVER = """
-import asyncio, sys
-import uvloop
-BODY = (b'{"model_name":"identity","model_version":"1","outputs":[{"name":"output",'
-        b'"datatype":"FP32","shape":[1,4],"data":[0.1234,0.5678,0.9012,0.3456]}]}')
-RESPONSE = (b"HTTP/1.1 200 OK\\r\\ncontent-type: application/json\\r\\ncontent-length: "
-            + str(len(BODY)).encode() + b"\\r\\n\\r\\n" + BODY)
-class Echo(asyncio.Protocol):
-    def connection_made(self, transport):
-        self.transport, self.buf = transport, b""
-    def data_received(self, data):
-        self.buf += data
-        while True:
-            end = self.buf.find(b"\\r\\n\\r\\n")
-            if end < 0:
-                return
-            length = 0
-            for line in self.buf[:end].split(b"\\r\\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            if len(self.buf) < end + 4 + length:
-                return
-            self.buf = self.buf[end + 4 + length:]
-            self.transport.write(RESPONSE)
-async def main():
-    server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", int(sys.argv[1]))
-    async with server:
-        await server.serve_forever()
-uvloop.run(main())
-"""
-
 
 # The echo end of the round-trip floor: blocking recv/send on an inherited socket.
 _ECHO = """
@@ -200,11 +173,12 @@ def server_phase(
 
 @contextlib.contextmanager
 def floor_server(*args: str) -> Iterator[tuple[str, int]]:
-    """Run a floor server in a subprocess (none given: the minimal HTTP server; else
-    ``pipeline_floor.py`` with ``args`` after its port); yield its URL and pid."""
+    """Run ``pipeline_floor.py`` with ``args`` after its port (``fixed``: the HTTP floor;
+    ``process MODEL`` or ``inline MODEL``: a pipeline floor); yield its URL and pid."""
     port = _server.free_port()
-    argv = ["-c", _FLOOR_SERVER] if not args else [str(_PIPELINE_FLOOR)]
-    proc = subprocess.Popen([sys.executable, *argv, str(port), *args], stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, str(_PIPELINE_FLOOR), str(port), *args], stdin=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -272,9 +246,9 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
                     servers["-base"] = stack.enter_context(
                         _server.Server(cfg, root / "server-base.log")
                     )
-            floors = {"floor": stack.enter_context(floor_server())}
+            floors = {"floor": stack.enter_context(floor_server("fixed"))}
             for mode in ("pipe_process", "pipe_inline"):
-                floors[mode] = stack.enter_context(floor_server(str(path), mode[5:]))
+                floors[mode] = stack.enter_context(floor_server(mode[5:], str(path)))
             print(f"server pid {server.pid} on {server.url}; floors {floors}", file=sys.stderr)
             for rep in range(args.repeats):
                 shift = rep % len(modes)

@@ -1,8 +1,10 @@
-"""The pipeline floor: the least any Python server must do for one v2 infer request.
+"""The floors of ``bench_overhead.py``: the least a Python server must do for a request.
 
-``bench_overhead.py`` starts this script as a server (``python pipeline_floor.py PORT
-MODEL process|inline``). Unlike the HTTP floor, which answers every request with a fixed
-body, it does the work no server can skip for the identity model's request, and nothing
+``bench_overhead.py`` starts this script as a server: ``python pipeline_floor.py PORT
+fixed`` is the **HTTP floor**, a keep-alive HTTP/1.1 server that answers every request
+with a fixed v2 body (what any Python server costs at the least);
+``python pipeline_floor.py PORT process|inline MODEL`` is the **pipeline floor**, which
+does the work no server can skip for the identity model's request, and nothing
 else: it parses the request head (``content-length`` only), decodes the v2 JSON body
 with orjson, builds the input array, runs the ONNX model (``process``: in a worker
 process reached over a SOCK_SEQPACKET pair, the array's bytes as the message and the
@@ -29,6 +31,12 @@ import onnxruntime as ort
 import orjson
 
 _HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+_FIXED_BODY = (
+    b'{"model_name":"identity","model_version":"1","outputs":[{"name":"output",'
+    b'"datatype":"FP32","shape":[1,4],"data":[0.1234,0.5678,0.9012,0.3456]}]}'
+)
+_FIXED = _HEAD + str(len(_FIXED_BODY)).encode() + b"\r\n\r\n" + _FIXED_BODY
+"""The HTTP floor's answer to every request."""
 
 
 def _session(model: str) -> ort.InferenceSession:
@@ -56,13 +64,17 @@ def worker(fd: int, model: str) -> None:
 
 
 class Runner:
-    """Runs batches of rows: in a worker process, or in this process."""
+    """Runs batches of rows: in a worker process, or in this process (or none: fixed)."""
 
     def __init__(self, model: str, mode: str) -> None:
+        self.fixed = mode == "fixed"
         self.waiting: list[tuple[asyncio.Transport, int]] = []
         self.rows: list[np.ndarray] = []
         self.sent: list[tuple[asyncio.Transport, int]] = []
         self.busy = False
+        if self.fixed:
+            self.sock = None
+            return
         if mode == "inline":
             session = _session(model)
             self.name = session.get_inputs()[0].name
@@ -151,12 +163,15 @@ class Connection(asyncio.Protocol):
                 return
             body = self.buf[end + 4 : end + 4 + length]
             self.buf = self.buf[end + 4 + length :]
+            if self.runner.fixed:
+                self.transport.write(_FIXED)
+                continue
             tensor = orjson.loads(body)["inputs"][0]
             x = np.asarray(tensor["data"], dtype=np.float32).reshape(tensor["shape"])
             self.runner.submit(self.transport, x)
 
 
-async def serve(port: int, model: str, mode: str) -> None:
+async def serve(port: int, mode: str, model: str) -> None:
     runner = Runner(model, mode)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: Connection(runner), "127.0.0.1", port)
@@ -170,4 +185,4 @@ if __name__ == "__main__":
     else:
         import uvloop
 
-        uvloop.run(serve(int(sys.argv[1]), sys.argv[2], sys.argv[3]))
+        uvloop.run(serve(int(sys.argv[1]), sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else ""))
