@@ -146,3 +146,48 @@ async def test_a_raw_client_that_goes_has_its_queued_request_removed(
         assert scheduler.counters["model_calls"] == 1, "the cancelled request never ran"
         first_w.close()
         await first_w.wait_closed()
+
+
+async def test_a_raw_request_under_way_at_shutdown_is_answered_then_closed(
+    model_root: Path, tmp_path: Path
+) -> None:
+    async with running_server(_config(model_root, tmp_path)) as (app, _):
+        scheduler = app.manager.resolve("faulty", None).scheduler
+        assert scheduler is not None
+        assert app._http is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.http_port)
+        writer.write(_post("faulty", SLOW))
+        await wait_until(lambda: scheduler.pending == 1, what="the request runs")
+        app._http.should_exit = True  # uvicorn's graceful shutdown begins
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"\r\nconnection: close\r\n" in head.lower()
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        assert json.loads(await reader.readexactly(length))["outputs"][0]["data"] == [SLOW]
+        assert await reader.read() == b"", "closed after its answer"
+        writer.close()
+        await writer.wait_closed()
+
+
+async def test_requests_sent_while_a_raw_one_runs_are_answered_after_it_in_order(
+    model_root: Path, tmp_path: Path
+) -> None:
+    async with running_server(_config(model_root, tmp_path)) as (app, _):
+        scheduler = app.manager.resolve("faulty", None).scheduler
+        assert scheduler is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.http_port)
+        writer.write(_post("faulty", SLOW))
+        await wait_until(lambda: scheduler.pending == 1, what="the raw request runs")
+        # Queued behind it by uvicorn's parser (the raw route takes only idle reads).
+        writer.write(_post("faulty", 6.0))
+        await asyncio.sleep(0.05)
+        writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n")
+        status, payload = await _answer(reader)
+        assert (status, json.loads(payload)["outputs"][0]["data"]) == (200, [SLOW])
+        status, payload = await _answer(reader)
+        assert (status, json.loads(payload)["outputs"][0]["data"]) == (200, [6.0])
+        status, payload = await _answer(reader)
+        assert status == 200
+        assert json.loads(payload) == {"live": True}
+        writer.close()
+        await writer.wait_closed()
