@@ -18,7 +18,12 @@ subclass of uvicorn's httptools protocol (independent of the ASGI app), adds:
   small overflow the new connection is closed at once, so descriptors never run out.
 
 It also answers infer requests on their request cycle without ASGI when the app allows
-it (see :mod:`~modelyard.frontends.http.direct`): the hot route's per-request cost.
+it (see :mod:`~modelyard.frontends.http.direct`): the hot route's per-request cost. One
+read whole is answered with no uvicorn request cycle at all
+(:mod:`~modelyard.frontends.http.raw_cycle`), and its keep-alive timer is armed lazily:
+one timer per idle spell, not one per request (uvicorn arms one after every answer and
+cancels it on the next request); when it fires on a connection that answered meanwhile,
+it re-arms for the rest of the idle timeout.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from modelyard.frontends.http.direct import answer_cycle, direct_handler, direct_target
 from modelyard.frontends.http.fastpath import InferHandler
+from modelyard.frontends.http.raw_cycle import RawCycle, answer_raw
 from modelyard.frontends.http.raw_infer import PREFIX, RawInfer, parse_raw_infer
 
 if TYPE_CHECKING:
@@ -56,9 +62,11 @@ def guarded_protocol(
         _body_timer: asyncio.TimerHandle | None = None
         _last_data_at = 0.0
         _direct_infer: InferHandler | None = None
-        _direct: tuple[RequestResponseCycle, asyncio.Task[None]] | None = None
+        _direct: tuple[RequestResponseCycle | RawCycle, asyncio.Task[None]] | None = None
         """The infer request answered without ASGI now, and its task."""
         _in_message = False
+        _idle_since = 0.0
+        """When the last answer was complete (the keep-alive timeout counts from it)."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             """Count the connection, make room if over the cap, start the head deadline."""
@@ -141,10 +149,23 @@ def guarded_protocol(
 
         def _start_raw(self, handler: InferHandler, raw: RawInfer) -> None:
             # on_message_begin, on_headers_complete and on_message_complete in one, for a
-            # request parsed by raw_infer: the same scope and cycle, answered directly.
-            self._unset_keepalive_if_required()
+            # request parsed by raw_infer. No scope, cycle or event (raw_cycle.py), and
+            # the keep-alive timer stays armed: it sees the connection busy if it fires.
             waiting.pop(self, None)
-            self._cancel_head_timer()
+            if self._head_timer is not None:
+                self._cancel_head_timer()
+            request = RawCycle(self, raw)
+            # Read as a cycle by uvicorn's methods: RawCycle has what they read of one.
+            self.cycle = request  # type: ignore[assignment]
+            task = self.loop.create_task(answer_raw(handler, request))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
+            self._direct = (request, task)
+
+        def raw_error_cycle(self, request: RawCycle) -> RequestResponseCycle:
+            """The scope and request cycle ``_start_raw`` would have built, for an error
+            to be answered through uvicorn's ASGI ``send``; it takes the request's place."""
+            raw = request.raw
             scope = {
                 "type": "http",
                 "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
@@ -170,15 +191,57 @@ def guarded_protocol(
                 default_headers=self.server_state.default_headers,
                 message_event=asyncio.Event(),
                 expect_100_continue=False,
-                keep_alive=raw.keep_alive,
+                keep_alive=request.keep_alive,
                 on_response=self.on_response_complete,
             )
-            cycle.more_body = False  # the body is the handler's already (raw.body)
-            self.cycle = cycle
-            task = self.loop.create_task(answer_cycle(handler, cycle, raw.model, raw.version, raw))
-            task.add_done_callback(self.tasks.discard)
-            self.tasks.add(task)
-            self._direct = (cycle, task)
+            cycle.more_body = False  # the body was read with the head
+            cycle.disconnected = request.disconnected
+            if self.cycle is request:  # type: ignore[comparison-overlap]
+                self.cycle = cycle
+            direct = self._direct
+            if direct is not None and direct[0] is request:
+                self._direct = (cycle, direct[1])
+            return cycle
+
+        def raw_response_complete(self) -> None:
+            """uvicorn's ``on_response_complete`` (and ours) for a raw request answered,
+            but the keep-alive timer armed only if none is."""
+            self.server_state.total_requests += 1
+            if self.transport.is_closing():
+                return
+            flow = self.flow
+            if flow.read_paused:
+                flow.resume_reading()
+            if self.pipeline:
+                self._unset_keepalive_if_required()
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+                return
+            self._idle_since = self.loop.time()
+            if self.timeout_keep_alive_task is None:
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
+            cycle = self.cycle  # a request read by httptools may be under way
+            if cycle is None or cycle.response_complete:
+                waiting[self] = None
+
+        def timeout_keep_alive_handler(self) -> None:
+            """Close the connection if it has been idle ``timeout_keep_alive`` since its
+            last answer; if it answered since the timer was armed, wait for the rest."""
+            self.timeout_keep_alive_task = None
+            if self.transport.is_closing():
+                return
+            cycle = self.cycle
+            if self._in_message or self.pipeline or not (cycle is None or cycle.response_complete):
+                return  # busy: the answer arms the timer again
+            idle = self.loop.time() - self._idle_since
+            if idle >= self.timeout_keep_alive:
+                self.transport.close()
+            else:
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive - idle, self.timeout_keep_alive_handler
+                )
 
         def on_message_begin(self) -> None:
             """httptools began a message: raw reads wait for its end."""
@@ -211,6 +274,7 @@ def guarded_protocol(
 
         def on_response_complete(self) -> None:
             """Idle again (keep-alive): displaceable, and uvicorn's idle timeout runs."""
+            self._idle_since = self.loop.time()
             super().on_response_complete()
             cycle = self.cycle  # a pipelined request may have started meanwhile
             if not self.transport.is_closing() and (cycle is None or cycle.response_complete):

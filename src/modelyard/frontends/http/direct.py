@@ -29,7 +29,6 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 from modelyard.errors import RequestCancelledError
 from modelyard.frontends.http.errors import answer_error
 from modelyard.frontends.http.fastpath import InferFastPath, InferHandler, infer_target
-from modelyard.frontends.http.raw_infer import RawInfer
 
 log = logging.getLogger("modelyard.http")
 
@@ -52,28 +51,20 @@ def direct_target(cycle: RequestResponseCycle) -> tuple[str, str | None] | None:
 
 
 async def answer_cycle(
-    handler: InferHandler,
-    cycle: RequestResponseCycle,
-    model: str,
-    version: str | None,
-    raw: RawInfer | None = None,
+    handler: InferHandler, cycle: RequestResponseCycle, model: str, version: str | None
 ) -> None:
-    """Answer one infer request on ``cycle`` (see the module docstring); ``raw``: the
-    request was read whole before uvicorn's parser (its body and headers are there)."""
+    """Answer one infer request parsed by httptools on ``cycle`` (see the module
+    docstring; a request read whole before the parser is answered by
+    :func:`~modelyard.frontends.http.raw_cycle.answer_raw`)."""
     # uvicorn's typed ASGI callables are Starlette's plain ones (annotated, not cast:
     # typing.cast is a Python call, twice per request).
     scope: Scope = cycle.scope  # type: ignore[assignment]
     receive: Receive = cycle.receive  # type: ignore[assignment]
     try:
         try:
-            if raw is None:
-                payload, headers = await handler.answer(
-                    scope, receive, model, version, watch_disconnect=False
-                )
-            else:
-                payload, headers = await handler.answer_body(
-                    model, version, raw.body, raw.header_length, raw.timeout_ms
-                )
+            payload, headers = await handler.answer(
+                scope, receive, model, version, watch_disconnect=False
+            )
         except asyncio.CancelledError:
             if not cycle.disconnected:
                 raise  # the server is stopping: not the client's doing
@@ -86,31 +77,16 @@ async def answer_cycle(
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
     except Exception as exc:  # the server must keep serving whatever happened
-        try:
-            send: Send = cycle.send  # type: ignore[assignment]
-            await answer_error(exc, "POST", scope["path"])(scope, receive, send)
-        except Exception:
-            log.exception("could not answer an error on POST %s", scope["path"])
-            cycle.transport.close()
+        await answer_error_on(cycle, exc)
         return
     finally:
         # As uvicorn's run_asgi: the cycle must not call back into the protocol later.
         on_response = cycle.on_response
-        cycle.on_response = _nothing
+        cycle.on_response = nothing
     if cycle.disconnected:
         return
-    parts = [_STATUS_200]
-    for name, value in (*cycle.default_headers, *headers):
-        parts += (name, b": ", value, b"\r\n")
-    if not cycle.keep_alive:
-        parts.append(b"connection: close\r\n")
-    parts.append(b"\r\n")
     cycle.response_started = True
-    if len(payload) < _JOIN_BELOW_BYTES:
-        parts.append(payload)
-        cycle.transport.write(b"".join(parts))
-    else:
-        cycle.transport.writelines((b"".join(parts), payload))
+    write_answer(cycle.transport, cycle.default_headers, headers, payload, cycle.keep_alive)
     cycle.response_complete = True
     cycle.message_event.set()
     if not cycle.keep_alive:
@@ -118,5 +94,39 @@ async def answer_cycle(
     on_response()
 
 
-def _nothing() -> None:
-    return None
+async def answer_error_on(cycle: RequestResponseCycle, exc: Exception) -> None:
+    """Answer ``exc`` through the cycle's ASGI ``send``, as the ASGI route would; if even
+    that fails, close the connection."""
+    scope: Scope = cycle.scope  # type: ignore[assignment]
+    try:
+        receive: Receive = cycle.receive  # type: ignore[assignment]
+        send: Send = cycle.send  # type: ignore[assignment]
+        await answer_error(exc, "POST", scope["path"])(scope, receive, send)
+    except Exception:
+        log.exception("could not answer an error on POST %s", scope["path"])
+        cycle.transport.close()
+
+
+def write_answer(
+    transport: asyncio.WriteTransport,
+    default_headers: list[tuple[bytes, bytes]],
+    headers: list[tuple[bytes, bytes]],
+    payload: bytes,
+    keep_alive: bool,
+) -> None:
+    """Write a 200 answer: status line, headers and body in one call."""
+    parts = [_STATUS_200]
+    for name, value in (*default_headers, *headers):
+        parts += (name, b": ", value, b"\r\n")
+    if not keep_alive:
+        parts.append(b"connection: close\r\n")
+    parts.append(b"\r\n")
+    if len(payload) < _JOIN_BELOW_BYTES:
+        parts.append(payload)
+        transport.write(b"".join(parts))
+    else:
+        transport.writelines((b"".join(parts), payload))
+
+
+def nothing() -> None:
+    """The callback of a cycle that must not call back into its protocol any more."""
