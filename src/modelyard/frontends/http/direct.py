@@ -66,14 +66,10 @@ async def answer_cycle(
                 scope, receive, model, version, watch_disconnect=False
             )
         except asyncio.CancelledError:
-            if not cycle.disconnected:
+            gone = client_gone(cycle.disconnected)
+            if gone is None:
                 raise  # the server is stopping: not the client's doing
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            raise RequestCancelledError(
-                "the client disconnected before its answer was ready"
-            ) from None
+            raise gone from None
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
     except Exception as exc:  # the server must keep serving whatever happened
@@ -92,6 +88,17 @@ async def answer_cycle(
     if not cycle.keep_alive:
         cycle.transport.close()
     on_response()
+
+
+def client_gone(disconnected: bool) -> RequestCancelledError | None:
+    """For a direct request's cancelled task: the error answered to a client that went
+    (the task uncancelled), or None when the server is stopping (the task stays cancelled)."""
+    if not disconnected:
+        return None
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+    return RequestCancelledError("the client disconnected before its answer was ready")
 
 
 async def answer_error_on(cycle: RequestResponseCycle, exc: Exception) -> None:

@@ -19,8 +19,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Protocol
 
-from modelyard.errors import RequestCancelledError
-from modelyard.frontends.http.direct import answer_error_on, nothing, write_answer
+from modelyard.frontends.http.direct import answer_error_on, client_gone, nothing, write_answer
 
 if TYPE_CHECKING:
     from uvicorn.protocols.http.flow_control import FlowControl
@@ -87,14 +86,10 @@ async def answer_raw(handler: InferHandler, request: RawCycle) -> None:
                 raw.model, raw.version, raw.body, raw.header_length, raw.timeout_ms
             )
         except asyncio.CancelledError:
-            if not request.disconnected:
+            gone = client_gone(request.disconnected)
+            if gone is None:
                 raise  # the server is stopping: not the client's doing
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            raise RequestCancelledError(
-                "the client disconnected before its answer was ready"
-            ) from None
+            raise gone from None
         flow = host.flow
         if flow.write_paused and not request.disconnected:
             await flow.drain()
