@@ -110,19 +110,28 @@ class PrewarmWindows:
         return m.window if m is not None else None
 
     def _window(self, m: _Model) -> Window | None:
-        if len(m.gaps) < self.min_gaps:
+        gaps = m.gaps
+        n = len(gaps)
+        if n < self.min_gaps:
             return None
-        ordered = sorted(m.gaps)
-        head = ordered[int(HEAD * (len(ordered) - 1))]
-        tail = ordered[min(len(ordered) - 1, round(TAIL * (len(ordered) - 1)))]
-        if head <= 0 or tail > self.spread * head:
-            return None
-        inside = 0
-        for gap in ordered:  # a loop, not sum() over a generator: runs per request
-            if head <= gap <= tail:
-                inside += 1
-        probability = inside / (len(ordered) + 1)
-        return Window(m.name, m.last + head, m.last + tail, probability, len(ordered))
+        first, last = int(HEAD * (n - 1)), min(n - 1, round(TAIL * (n - 1)))
+        if first == 0 and last == n - 1:
+            # The percentiles are the extremes (up to 20 gaps: the default keeps 16), so
+            # every gap lies inside: min and max in C, no sort and no count (this runs on
+            # every request, and was a tenth of the cache's learning per request).
+            head, tail, inside = min(gaps), max(gaps), n
+            if head <= 0 or tail > self.spread * head:
+                return None
+        else:
+            ordered = sorted(gaps)
+            head, tail = ordered[first], ordered[last]
+            if head <= 0 or tail > self.spread * head:
+                return None
+            inside = 0
+            for gap in ordered:  # a loop, not sum() over a generator: runs per request
+                if head <= gap <= tail:
+                    inside += 1
+        return Window(m.name, m.last + head, m.last + tail, inside / (n + 1), n)
 
     def ahead(self, model: str, now: float) -> bool:
         """Whether ``model`` will be pre-warmed before its next request, which is not

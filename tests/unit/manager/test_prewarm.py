@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from modelyard.errors import ModelNotFoundError
 from modelyard.manager.eviction import ArrivalCostPolicy, reload_seconds
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.prefetch import PREWARM_LOAD_FACTOR, PREWARM_MARGIN_S, Prefetcher
-from modelyard.manager.prewarm import PrewarmWindows
+from modelyard.manager.prewarm import HEAD, TAIL, PrewarmWindows
 from modelyard.manager.records import ModelKey, ModelRecord
 from tests.fakes.clock import FakeClock
 from tests.fakes.instance import FakeInstance
@@ -41,6 +42,41 @@ def test_a_timers_window_opens_at_its_shortest_gap_and_is_due_lead_seconds_befor
     assert [d.model for d in w.due(601.0)] == ["t"], "due until asked for or closed"
     w.observe("t", 601.0, 3.0)
     assert w.due(601.0) == [], "asked for: the window is over"
+
+
+def _reference_window(gaps: list[float], last: float, spread: float) -> tuple[float, ...] | None:
+    # The windows' definition, written out: percentiles of the sorted gaps, and the share
+    # of gaps between them over one more than seen.
+    ordered = sorted(gaps)
+    n = len(ordered)
+    head = ordered[int(HEAD * (n - 1))]
+    tail = ordered[min(n - 1, round(TAIL * (n - 1)))]
+    if head <= 0 or tail > spread * head:
+        return None
+    inside = sum(1 for g in ordered if head <= g <= tail)
+    return (last + head, last + tail, inside / (n + 1), n)
+
+
+@pytest.mark.parametrize("keep", [5, 16, 20, 21, 40])
+def test_windows_match_their_definition_with_few_gaps_kept_or_many(keep: int) -> None:
+    # Up to 20 gaps the percentiles are the extremes (min and max, no sort); past that
+    # the gaps are sorted. Either way the window is the definition's, request by request.
+    rng = random.Random(keep)
+    w = PrewarmWindows(keep=keep, min_gaps=min(5, keep), spread=1.5)
+    gaps: list[float] = []
+    now = 0.0
+    w.observe("t", now)
+    outcomes = set()
+    for i in range(300):
+        gap = rng.choice([60.0, 61.0, 59.5]) if i % 50 < 40 else rng.uniform(1.0, 200.0)
+        before, now = now, now + gap
+        gaps = [*gaps, now - before][-keep:]  # the gap as the windows see it
+        w.observe("t", now)
+        got = w.window("t")
+        want = _reference_window(gaps, now, 1.5) if len(gaps) >= min(5, keep) else None
+        assert (got and (got.opens, got.closes, got.probability, got.gaps)) == want
+        outcomes.add(want is None)
+    assert outcomes == {True, False}, "both agreeing and disagreeing gaps were seen"
 
 
 def test_a_window_is_dropped_once_it_closes_without_the_request() -> None:
