@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import pytest
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from modelyard.app import App
+from modelyard.scheduling.scheduler import ModelScheduler
 from tests.fakes.fault_models import SLOW
 from tests.integration.conftest import python_model
 from tests.polling import wait_until
@@ -45,6 +48,24 @@ def _config(model_root: Path, tmp_path: Path, **server: Any) -> Path:
         "faulty", "FaultyModel", isolation="inline", preload=True, max_batch_size=1
     )
     return write_config(tmp_path, [faulty], model_repository=str(model_root), **server)
+
+
+@asynccontextmanager
+async def _slow_raw_request(
+    model_root: Path, tmp_path: Path
+) -> AsyncIterator[tuple[App, ModelScheduler, asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A server with one slow raw request running on a connection (closed on exit)."""
+    async with running_server(_config(model_root, tmp_path)) as (app, _):
+        scheduler = app.manager.resolve("faulty", None).scheduler
+        assert scheduler is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.http_port)
+        writer.write(_post("faulty", SLOW))
+        await wait_until(lambda: scheduler.pending == 1, what="the slow raw request runs")
+        try:
+            yield app, scheduler, reader, writer
+        finally:
+            writer.close()
+            await writer.wait_closed()
 
 
 def _protocol(app: App, writer: asyncio.StreamWriter) -> Any:
@@ -130,12 +151,7 @@ async def test_keep_alive_counts_from_the_last_answer_and_spares_a_busy_connecti
 async def test_a_raw_client_that_goes_has_its_queued_request_removed(
     model_root: Path, tmp_path: Path
 ) -> None:
-    async with running_server(_config(model_root, tmp_path)) as (app, _):
-        scheduler = app.manager.resolve("faulty", None).scheduler
-        assert scheduler is not None
-        first_r, first_w = await asyncio.open_connection("127.0.0.1", app.http_port)
-        first_w.write(_post("faulty", SLOW))
-        await wait_until(lambda: scheduler.pending == 1, what="the first request runs")
+    async with _slow_raw_request(model_root, tmp_path) as (app, scheduler, first_r, _):
         _, second_w = await asyncio.open_connection("127.0.0.1", app.http_port)
         second_w.write(_post("faulty", SLOW))
         await wait_until(lambda: scheduler.pending == 2, what="the second request queues")
@@ -144,20 +160,13 @@ async def test_a_raw_client_that_goes_has_its_queued_request_removed(
         assert (await _answer(first_r))[0] == 200
         await wait_until(lambda: scheduler.counters["cancelled"] == 1, timeout_s=10.0)
         assert scheduler.counters["model_calls"] == 1, "the cancelled request never ran"
-        first_w.close()
-        await first_w.wait_closed()
 
 
 async def test_a_raw_request_under_way_at_shutdown_is_answered_then_closed(
     model_root: Path, tmp_path: Path
 ) -> None:
-    async with running_server(_config(model_root, tmp_path)) as (app, _):
-        scheduler = app.manager.resolve("faulty", None).scheduler
-        assert scheduler is not None
+    async with _slow_raw_request(model_root, tmp_path) as (app, _, reader, _writer):
         assert app._http is not None
-        reader, writer = await asyncio.open_connection("127.0.0.1", app.http_port)
-        writer.write(_post("faulty", SLOW))
-        await wait_until(lambda: scheduler.pending == 1, what="the request runs")
         app._http.should_exit = True  # uvicorn's graceful shutdown begins
         head = await reader.readuntil(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200 OK\r\n")
@@ -165,19 +174,12 @@ async def test_a_raw_request_under_way_at_shutdown_is_answered_then_closed(
         length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
         assert json.loads(await reader.readexactly(length))["outputs"][0]["data"] == [SLOW]
         assert await reader.read() == b"", "closed after its answer"
-        writer.close()
-        await writer.wait_closed()
 
 
 async def test_requests_sent_while_a_raw_one_runs_are_answered_after_it_in_order(
     model_root: Path, tmp_path: Path
 ) -> None:
-    async with running_server(_config(model_root, tmp_path)) as (app, _):
-        scheduler = app.manager.resolve("faulty", None).scheduler
-        assert scheduler is not None
-        reader, writer = await asyncio.open_connection("127.0.0.1", app.http_port)
-        writer.write(_post("faulty", SLOW))
-        await wait_until(lambda: scheduler.pending == 1, what="the raw request runs")
+    async with _slow_raw_request(model_root, tmp_path) as (_, _scheduler, reader, writer):
         # Queued behind it by uvicorn's parser (the raw route takes only idle reads).
         writer.write(_post("faulty", 6.0))
         await asyncio.sleep(0.05)
@@ -189,5 +191,3 @@ async def test_requests_sent_while_a_raw_one_runs_are_answered_after_it_in_order
         status, payload = await _answer(reader)
         assert status == 200
         assert json.loads(payload) == {"live": True}
-        writer.close()
-        await writer.wait_closed()
