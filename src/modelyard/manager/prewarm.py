@@ -115,18 +115,19 @@ class PrewarmWindows:
         if n < self.min_gaps:
             return None
         first, last = int(HEAD * (n - 1)), min(n - 1, round(TAIL * (n - 1)))
+        ordered: list[float] | None = None
         if first == 0 and last == n - 1:
             # The percentiles are the extremes (up to 20 gaps: the default keeps 16), so
             # every gap lies inside: min and max in C, no sort and no count (this runs on
             # every request, and was a tenth of the cache's learning per request).
-            head, tail, inside = min(gaps), max(gaps), n
-            if head <= 0 or tail > self.spread * head:
-                return None
+            head, tail = min(gaps), max(gaps)
         else:
             ordered = sorted(gaps)
             head, tail = ordered[first], ordered[last]
-            if head <= 0 or tail > self.spread * head:
-                return None
+        if head <= 0 or tail > self.spread * head:
+            return None
+        inside = n
+        if ordered is not None:
             inside = 0
             for gap in ordered:  # a loop, not sum() over a generator: runs per request
                 if head <= gap <= tail:
