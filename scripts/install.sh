@@ -41,10 +41,29 @@ compile=--no-compile
 if [ "${COMPILE:-0}" = "1" ]; then compile=--compile; fi
 target=.
 if [ -n "$EXTRAS" ]; then target=".[${EXTRAS}]"; fi
+# pip runs quietly; a line a minute says it is still working. PyPI publishes
+# llama-cpp-python as source only (no wheel for this platform), so the first install
+# with the llm extra compiles llama.cpp: 3-4 minutes on two idle cores, much longer on
+# busy ones; pip caches the wheel it built, so later installs take seconds.
+case ",$EXTRAS," in
+  *,llm,*) note=" (the llm extra compiles llama.cpp from source on a first install: minutes)" ;;
+  *) note="" ;;
+esac
+echo "install.sh: installing modelyard${EXTRAS:+ [$EXTRAS]} into $VENV$note"
+(
+  minutes=0
+  while sleep 60; do
+    minutes=$((minutes + 1))
+    echo "install.sh: still installing ($minutes min)"
+  done
+) &
+ticker=$!
+trap 'kill "$ticker" 2>/dev/null || true' EXIT
 if [ "$EDITABLE" = "1" ]; then
   "${pip[@]}" install "$compile" -e "$target"
 else
   "${pip[@]}" install "$compile" "$target"
 fi
+echo "install.sh: installed"
 [ "$EDITABLE" = "1" ] && echo "$want" >"$stamp"
 exit 0

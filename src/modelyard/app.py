@@ -30,6 +30,7 @@ from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.app import create_app
 from modelyard.frontends.http.server_config import ensure_descriptor_room, uvicorn_config
 from modelyard.frontends.http.tls import uvicorn_tls_options
+from modelyard.frontends.ports import unbindable_ports
 from modelyard.manager.execute import replica_execute
 from modelyard.manager.fallback import chain_problems
 from modelyard.manager.manager import ModelManager
@@ -195,6 +196,12 @@ class App:
             grpc_credentials = self._grpc_credentials() if s.grpc_port is not None else None
         except SecurityError as exc:
             raise StartupError(str(exc)) from None
+        # What can be known now is reported now, not after the slow start below.
+        early = unbindable_ports(s.host, {"HTTP": s.http_port, "gRPC": s.grpc_port})
+        if s.exit_on_error:
+            early += self.manager.missing_preloads()
+        if early:
+            raise StartupError("\n  ".join(early))
         # Fork server (declared runtimes preloaded) and spare workers: loads skip both.
         kinds = (m.runtime for m in s.models)
         self._worker_factory = WorkerFactory.for_runtimes(kinds, s.spare_worker_count)
@@ -243,14 +250,14 @@ class App:
         gc.set_threshold(_GC_GEN0_THRESHOLD, 20, 50)
         self.dataplane.is_serving = True
         log.info("authentication: %s", self.authorizer)
+        base = f"{'https' if self.security.is_tls else 'http'}://{s.host}:{self.http_port}"
         log.info(
-            "modelyard serving %d model(s) on %s://%s:%s%s",
+            "modelyard serving %d model(s) on %s%s",
             len(self.manager.entries),
-            "https" if self.security.is_tls else "http",
-            s.host,
-            self.http_port,
+            base,
             f" and grpc {s.host}:{self.grpc_port}" if self.grpc_port else "",
         )
+        log.info("dashboard: %s/dashboard  metrics: %s/metrics", base, base)
 
     async def _start_http(self, http_app: Any, tls_options: dict[str, Any]) -> None:
         """Serve REST from this process (``ingress_processes: 1``)."""

@@ -1,4 +1,12 @@
-"""The ``modelyard`` command: parse arguments, build settings, run. No logic of its own."""
+"""modelyard: serve many models from one repository, more than fit in memory at once.
+
+Start with `modelyard example DIR` (builds a small model repository locally), then
+`modelyard serve --config DIR/modelyard.yaml`; the README's quick start has the rest.
+"""
+
+# The command parses arguments, builds settings and runs: no logic of its own. Heavy
+# modules (numpy, pydantic, the runtimes) are imported inside the verbs that need them,
+# so that `--help` and the client verbs start in a fraction of a second.
 
 from __future__ import annotations
 
@@ -7,12 +15,14 @@ import asyncio
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from modelyard.config.settings import ConfigError, ServerSettings, load_settings
+if TYPE_CHECKING:
+    from modelyard.config.settings import ServerSettings
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from modelyard.config.settings import ConfigError, load_settings
     from modelyard.observability.logging import setup_logging
 
     try:
@@ -30,6 +40,8 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"modelyard: {exc}", file=sys.stderr)
         return 2
+    if args.config is None and not settings.models:
+        print(NO_CONFIG_NOTICE, file=sys.stderr)
     if args.ray:
         settings = with_ray(settings, args.ray)
     setup_logging(settings.log_level, settings.log_format)
@@ -49,6 +61,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"modelyard: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+NO_CONFIG_NOTICE = (
+    "modelyard: no --config given, so no models are declared (explicit or poll mode can "
+    "still load some); `modelyard example DIR` builds a repository and its modelyard.yaml"
+)
+"""What ``serve`` says when it starts with no configuration file and no models."""
 
 
 def with_ray(settings: ServerSettings, address: str) -> ServerSettings:
@@ -72,8 +91,34 @@ def _example(args: argparse.Namespace) -> int:
         Path(args.dir), include_minilm=False if args.no_minilm else None, llm_sizes=llm_sizes
     )
     print(f"example repository ready: {config}")
+    for line in _left_out(args):
+        print(line)
     print(f"start it with: modelyard serve --config {config}")
     return 0
+
+
+def _left_out(args: argparse.Namespace) -> list[str]:
+    """A line for each optional example model this build left out, and what brings it."""
+    from modelyard.examples.minilm import minilm_available
+    from modelyard.examples.repository import llm_available
+
+    lines = []
+    if args.no_llm:
+        lines.append("left out: the GGUF text generators (--no-llm)")
+    elif not llm_available():
+        lines.append(
+            "left out: the GGUF text generators (llama-*), which need the llm extra: "
+            "EXTRAS=llm ./scripts/serve-example.sh, or pip install 'modelyard[llm]' "
+            "(compiles llama.cpp: minutes)"
+        )
+    if args.no_minilm:
+        lines.append("left out: the MiniLM encoder (--no-minilm)")
+    elif not minilm_available():
+        lines.append(
+            "left out: the MiniLM encoder (minilm), which needs the torch extra: "
+            "EXTRAS=torch ./scripts/serve-example.sh, or pip install 'modelyard[torch]'"
+        )
+    return lines
 
 
 TOKEN_ENV = "MODELYARD_TOKEN"
@@ -269,13 +314,19 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every sub-command."""
+def build_parser(*, with_bench: bool = True) -> argparse.ArgumentParser:
+    """The argument parser of every sub-command (``with_bench=False``: ``bench`` listed
+    but its options not built, which would import the load generator)."""
     parser = argparse.ArgumentParser(prog="modelyard", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="start the server")
-    serve.add_argument("--config", "-c", help="modelyard.yaml (default: none)")
+    serve.add_argument(
+        "--config",
+        "-c",
+        help="modelyard.yaml (default: none, which serves no models; "
+        "`modelyard example DIR` writes one)",
+    )
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--http-port", type=int, help="REST port (default 8080)")
     serve.add_argument(
@@ -289,9 +340,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--ingress", type=int, metavar="N", help="HTTP ingress processes (default 1: in-process)"
     )
-    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--log-format", choices=["text", "json"])
-    serve.add_argument("--model-control-mode", choices=["none", "explicit", "poll"])
+    serve.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="least severe log lines written (default info)",
+    )
+    serve.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="text for a terminal, json (one object a line) for a log collector (default text)",
+    )
+    serve.add_argument(
+        "--model-control-mode",
+        choices=["none", "explicit", "poll"],
+        help="none: serve the YAML's models; explicit: also load and unload through the "
+        "repository API; poll: follow version folders as they appear (default none)",
+    )
     serve.add_argument(
         "--exit-on-error",
         action=argparse.BooleanOptionalAction,
@@ -370,19 +434,44 @@ def build_parser() -> argparse.ArgumentParser:
     alias.add_argument("versions", nargs="+", help="VERSION or VERSION=WEIGHT (canary split)")
     alias.set_defaults(func=_alias)
 
+    if with_bench:
+        _add_bench(sub)
+    else:
+        # Listed in --help without importing the load generator (aiohttp, numpy): the
+        # real parser is built only when the command is `bench` (see main).
+        sub.add_parser("bench", help=_BENCH_HELP, add_help=False)
+    return parser
+
+
+_BENCH_HELP = "load-test a KServe v2 server (modelyard, MLServer, Triton)"
+
+
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     try:
         from modelyard.bench.cli import add_bench_parser, run_bench_command
-    except ImportError:
-        pass
-    else:
-        add_bench_parser(sub)
-        sub.choices["bench"].set_defaults(func=run_bench_command)
-    return parser
+    except ImportError as exc:
+        missing = exc
+        bench = sub.add_parser("bench", help=_BENCH_HELP, add_help=False)
+        bench.set_defaults(func=lambda _args: _bench_missing(missing))
+        return
+    add_bench_parser(sub)
+    sub.choices["bench"].set_defaults(func=run_bench_command)
+
+
+def _bench_missing(exc: ImportError) -> int:
+    print(
+        f"modelyard: `modelyard bench` needs the bench extra ({exc.name or exc} is missing): "
+        "pip install 'modelyard[bench]' (or EXTRAS=bench ./scripts/install.sh)",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``modelyard`` console script."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(with_bench=bool(argv) and argv[0] == "bench")
+    args = parser.parse_args(argv)
     result: int = args.func(args)
     return result
 

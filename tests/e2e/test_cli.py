@@ -191,6 +191,25 @@ def test_a_port_in_use_is_a_clear_error(example_repo: Path) -> None:
         )
     assert out.returncode == 1
     assert f"cannot serve HTTP on 127.0.0.1:{port}" in out.stderr
+    # Reported before the slow part of the start (fork server, workers, preloads).
+    assert "worker memory limits" not in out.stderr
+
+
+def test_a_missing_preloaded_model_folder_stops_serve_before_the_workers_start(
+    tmp_path: Path,
+) -> None:
+    cfg = tmp_path / "modelyard.yaml"
+    cfg.write_text("models:\n  - {name: gone, path: gone, preload: true}\n", encoding="utf-8")
+    out = subprocess.run(
+        _modelyard("serve", "--config", str(cfg), "--http-port", "0", "--grpc-port", "0"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1
+    assert f"{tmp_path / 'gone'} does not exist" in out.stderr
+    assert "worker memory limits" not in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
 
 
 @pytest.mark.slow  # a server process starting and stopping (3-8 s)

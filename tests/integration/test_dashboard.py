@@ -156,6 +156,9 @@ async def test_dashboard_assets_are_local_and_guarded(config_file: Path) -> None
             assert r.status_code == 200, asset
             assert "https://" not in r.text
         assert (await client.get("/dashboard/missing.js")).status_code == 404
+        home = await client.get("/")
+        assert home.status_code == 302
+        assert home.headers["location"] == "/dashboard"
         feed = await client.get("/v2/stats/timeseries", params={"window_s": 60})
         assert feed.status_code == 200
         assert feed.json()["window_s"] == 60

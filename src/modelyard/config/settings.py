@@ -7,7 +7,9 @@ Precedence, highest first: command-line flags, ``MODELYARD_*`` environment varia
 from __future__ import annotations
 
 import contextvars
+import difflib
 import os
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -304,12 +306,44 @@ def _format_validation_error(
             origin = f"environment variable {variable}={environ[variable]!r}"
         else:
             origin = source
-        groups.setdefault(origin, []).append(f"  {field}: {err['msg']}")
+        message = err["msg"]
+        if err["type"] == "extra_forbidden" and loc:
+            message += _did_you_mean(str(loc[-1]))
+        groups.setdefault(origin, []).append(f"  {field}: {message}")
     lines: list[str] = []
     for origin, problems in groups.items():
         lines.append(f"{origin}: invalid configuration")
         lines.extend(problems)
     return "\n".join(lines)
+
+
+def _did_you_mean(name: str) -> str:
+    """``"; did you mean 'x'?"`` for the configuration field nearest to ``name``, if any."""
+    close = difflib.get_close_matches(name, sorted(_field_names(ServerSettings)), n=1, cutoff=0.7)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _field_names(model: type[BaseModel], seen: set[type] | None = None) -> set[str]:
+    """Every field name (and alias) of ``model`` and of the models nested in its fields."""
+    seen = set() if seen is None else seen
+    if model in seen:
+        return set()
+    seen.add(model)
+    names: set[str] = set()
+    for name, info in model.model_fields.items():
+        names.add(name)
+        if isinstance(info.alias, str):
+            names.add(info.alias)
+        for nested in _models_in(info.annotation):
+            names |= _field_names(nested, seen)
+    return names
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation names, through lists, unions and the like."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
 
 
 def _settings_error(exc: SettingsError, environ: Mapping[str, str]) -> str:

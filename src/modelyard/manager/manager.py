@@ -227,6 +227,15 @@ class ModelManager:
 
     # ----------------------------------------------------------------- lifecycle
 
+    def missing_preloads(self) -> list[str]:
+        """One line per model with ``preload: true`` that has no version to serve, naming
+        the file, field and reason."""
+        return [
+            f"{self.registry.field(e, 'path')}: {self.missing_reason(e)}"
+            for e in self.entries.values()
+            if e.config.preload and not e.versions
+        ]
+
     async def start(self) -> list[str]:
         """Preload the models whose config asks for it, concurrently.
 
@@ -236,11 +245,7 @@ class ModelManager:
         """
         self.scaler.start()
         self.anticipation.start()
-        problems = [
-            f"{self.registry.field(e, 'path')}: {self.missing_reason(e)}"
-            for e in self.entries.values()
-            if e.config.preload and not e.versions
-        ]
+        problems = self.missing_preloads()
         preloads = []
         for e in self.entries.values():
             if e.config.preload and e.versions:

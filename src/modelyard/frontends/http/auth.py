@@ -23,6 +23,8 @@ _OPEN_PATHS = frozenset(
         "/v2",
         "/openapi.json",
         # The dashboard's page and assets are static; the data it polls is management.
+        # "/" only redirects to the dashboard.
+        "/",
         "/dashboard",
     }
 )

@@ -12,7 +12,7 @@ from importlib import resources
 from typing import Protocol
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from modelyard.errors import InvalidInputError
@@ -45,7 +45,8 @@ def _static(name: str) -> bytes:
 
 
 def dashboard_routes(app: _HasMetrics) -> list[BaseRoute]:
-    """``GET /dashboard``, its assets under ``/dashboard/``, and ``GET /v2/stats/timeseries``."""
+    """``GET /`` (a redirect to the dashboard), ``GET /dashboard``, its assets under
+    ``/dashboard/``, and ``GET /v2/stats/timeseries``."""
     metrics = app.metrics
     page = _static("dashboard.html")
     assets = {name: (_static(name), kind) for name, kind in _STATIC.items()}
@@ -72,7 +73,12 @@ def dashboard_routes(app: _HasMetrics) -> list[BaseRoute]:
             raise InvalidInputError(f"window_s must be at least 1, not {window_s}")
         return json_response(metrics.recent_traffic(window_s))
 
+    async def home(request: Request) -> Response:
+        # A browser pointed at the server's address finds the dashboard.
+        return RedirectResponse("/dashboard", status_code=302)
+
     return [
+        Route("/", home, methods=["GET"]),
         Route("/dashboard", guarded(dashboard), methods=["GET"]),
         Route("/dashboard/{name}", guarded(asset), methods=["GET"]),
         Route("/v2/stats/timeseries", guarded(timeseries), methods=["GET"]),
