@@ -33,6 +33,21 @@ class ErrorCode(StrEnum):
     INTERNAL = "internal"
 
 
+CLIENT_ERROR_CODES = frozenset(
+    {
+        ErrorCode.MODEL_NOT_FOUND,
+        ErrorCode.INVALID_INPUT,
+        ErrorCode.STATE_CONFLICT,
+        ErrorCode.PAYLOAD_TOO_LARGE,
+        ErrorCode.NOT_SUPPORTED,
+        ErrorCode.UNAUTHENTICATED,
+        ErrorCode.PERMISSION_DENIED,
+        ErrorCode.CANCELLED,
+    }
+)
+"""Codes of answers the caller's own request caused (a wrong name, shape or token, a body
+too large, a client that went away): counted apart from the model's and server's failures."""
+
 _HIDDEN_PREFIXES: list[str] = []
 """Folder prefixes removed from every error message, longest first."""
 

@@ -168,3 +168,36 @@ async def test_dashboard_assets_are_local_and_guarded(config_file: Path) -> None
 
 def _mlp() -> dict[str, object]:
     return {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.1] * 64}]}
+
+
+async def test_the_feed_has_generation_figures_and_client_errors_apart(
+    model_root: Path, llm_root: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("llama_cpp", reason="the llm extra serves GGUF models")
+    from tests.integration.llm_models import llm_model
+
+    models = [
+        llm_model("llama-a"),
+        {"name": "add", "path": str(model_root / "add"), "isolation": "inline"},
+    ]
+    cfg = write_config(tmp_path, models, model_repository=str(llm_root))
+    async with running_server(cfg) as (_, client):
+        done = await client.post(
+            "/v1/completions",
+            json={"model": "llama-a", "prompt": "Hello", "max_tokens": 4, "temperature": 0},
+            timeout=60,
+        )
+        assert done.status_code == 200, done.text
+        tensor = {"name": "input", "shape": [1, 3], "datatype": "FP32", "data": [1] * 3}
+        wrong = {"inputs": [tensor]}
+        assert (await client.post("/v2/models/add/infer", json=wrong)).status_code == 400
+        await asyncio.sleep(1.1)  # the feed shows whole seconds only
+        feed = (await client.get("/v2/stats/timeseries", params={"window_s": 30})).json()
+    series = {m["name"]: m for m in feed["models"]}
+    llama, add = series["llama-a"], series["add"]
+    assert sum(llama["tokens"]) == done.json()["usage"]["completion_tokens"]
+    assert [t for t in llama["ttft_p50_s"] if t is not None]
+    assert llama["active_sequences"] == 0
+    assert add["active_sequences"] is None
+    assert sum(add["client_errors"]) == 1
+    assert sum(add["errors"]) == 0

@@ -125,6 +125,35 @@ def test_recent_traffic_has_per_second_counts_quantiles_and_gaps(
     assert series["p99_s"][3] == pytest.approx(0.004)
 
 
+def test_recent_traffic_counts_client_errors_apart_from_the_models(
+    metrics: Metrics, clock: FakeClock
+) -> None:
+    metrics.request_done("m", "1", OK, 0.001)
+    for code in (ErrorCode.INVALID_INPUT, ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.MODEL_NOT_FOUND):
+        metrics.request_done("m", "1", code, 0.001)
+    metrics.request_done("m", "1", ErrorCode.WORKER_CRASHED, 0.2)
+    metrics.request_done("m", "1", ErrorCode.DEADLINE_EXCEEDED, 1.0)
+    clock.now_s += 1
+    (series,) = metrics.recent_traffic(window_s=1)["models"]
+    assert series["requests"] == [6]
+    assert series["client_errors"] == [3]
+    assert series["errors"] == [2]
+
+
+def test_recent_traffic_has_time_to_first_token_and_tokens(
+    metrics: Metrics, clock: FakeClock
+) -> None:
+    for ttft_s, tokens in ((0.010, 8), (0.030, 4), (0.020, 16)):
+        metrics.generation_done(
+            "llm", "1", ttft_s=ttft_s, decode_s=0.1, prompt_tokens=5, completion_tokens=tokens
+        )
+    clock.now_s += 2
+    (series,) = metrics.recent_traffic(window_s=2)["models"]
+    assert series["tokens"] == [28, 0]
+    assert series["ttft_p50_s"] == [pytest.approx(0.020), None]
+    assert series["requests"] == [0, 0]  # the requests themselves are counted by request_done
+
+
 def test_recent_traffic_is_bounded(metrics: Metrics, clock: FakeClock) -> None:
     for _ in range(5000):
         metrics.request_done("m", "1", OK, 0.001)

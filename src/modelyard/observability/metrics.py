@@ -35,7 +35,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from modelyard.clock import Clock, MonotonicClock
-from modelyard.errors import ErrorCode, ServerError
+from modelyard.errors import CLIENT_ERROR_CODES, ErrorCode, ServerError
 from modelyard.observability.collector import ManagerCollector
 from modelyard.observability.histogram import FastHistogram, HistogramChild
 from modelyard.observability.traffic import RecentTraffic
@@ -299,7 +299,13 @@ class Metrics:
             m.queue_seconds.observe(queue_s)
         if compute_s is not None:
             m.compute_seconds.observe(compute_s)
-        m.recent.request(int(self._clock.monotonic()), total_s, is_error=code != OK)
+        is_client_error = code in CLIENT_ERROR_CODES
+        m.recent.request(
+            int(self._clock.monotonic()),
+            total_s,
+            is_error=code != OK and not is_client_error,
+            is_client_error=is_client_error,
+        )
 
     def batch_hook(self, model: str, version: str) -> BatchHook:
         """The scheduler's ``on_batch`` for one model version: batch, queue and compute."""
@@ -366,6 +372,9 @@ class Metrics:
     ) -> None:
         """One generation stream ended (any outcome) after its first chunk."""
         mv = (model, version)
+        self._of(model, version).recent.generation(
+            int(self._clock.monotonic()), ttft_s, completion_tokens
+        )
         self.ttft_seconds.labels(*mv).observe(ttft_s)
         self.prompt_tokens.labels(*mv).inc(prompt_tokens)
         self.generated_tokens.labels(*mv).inc(completion_tokens)

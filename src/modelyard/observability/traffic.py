@@ -1,4 +1,5 @@
-"""RecentTraffic: per-second request counts, p50/p99 latency and cold starts of one version.
+"""RecentTraffic: per-second request counts, p50/p99 latency and cold starts of one version,
+and for generative models the time to first token and the tokens generated.
 
 The dashboard draws these. No background task: a second is summarised when the next
 one starts, or when the buffer is read.
@@ -15,13 +16,21 @@ _SAMPLE_CAP = 1024
 """Latencies kept per model version per second; beyond it a uniform reservoir sample."""
 
 
+_Summary = tuple[int, int, int, float | None, float | None, int, float | None, int]
+"""requests, errors, cold starts, p50, p99, client errors, p50 TTFT, generated tokens."""
+_EMPTY: _Summary = (0, 0, 0, None, None, 0, None, 0)
+
+
 @dataclass(slots=True)
 class _Second:
     second: int
     requests: int = 0
     errors: int = 0
+    client_errors: int = 0
     cold_starts: int = 0
+    tokens: int = 0
     latencies_s: list[float] = field(default_factory=list)
+    ttfts_s: list[float] = field(default_factory=list)
 
     def add(self, latency_s: float) -> None:
         self.requests += 1
@@ -32,7 +41,7 @@ class _Second:
             if slot < _SAMPLE_CAP:
                 self.latencies_s[slot] = latency_s
 
-    def summary(self) -> tuple[int, int, int, float | None, float | None]:
+    def summary(self) -> _Summary:
         ordered = sorted(self.latencies_s)
         return (
             self.requests,
@@ -40,6 +49,9 @@ class _Second:
             self.cold_starts,
             _quantile(ordered, 0.50),
             _quantile(ordered, 0.99),
+            self.client_errors,
+            _quantile(sorted(self.ttfts_s), 0.50),
+            self.tokens,
         )
 
 
@@ -53,9 +65,7 @@ class RecentTraffic:
     """One model version's requests per second over the last ``horizon_s`` seconds."""
 
     def __init__(self, horizon_s: int) -> None:
-        self._closed: deque[tuple[int, tuple[int, int, int, float | None, float | None]]] = deque(
-            maxlen=horizon_s
-        )
+        self._closed: deque[tuple[int, _Summary]] = deque(maxlen=horizon_s)
         self._open: _Second | None = None
 
     def _at(self, second: int) -> _Second:
@@ -66,11 +76,22 @@ class RecentTraffic:
             current = self._open = _Second(second)
         return current
 
-    def request(self, second: int, latency_s: float, *, is_error: bool) -> None:
-        """Count one answered request."""
+    def request(
+        self, second: int, latency_s: float, *, is_error: bool, is_client_error: bool = False
+    ) -> None:
+        """Count one answered request: ``is_error`` for the model's or server's failures,
+        ``is_client_error`` for the caller's own mistakes (counted apart)."""
         bucket = self._at(second)
         bucket.add(latency_s)
         bucket.errors += is_error
+        bucket.client_errors += is_client_error
+
+    def generation(self, second: int, ttft_s: float, tokens: int) -> None:
+        """Count one generation stream that ended: its time to first token and tokens."""
+        bucket = self._at(second)
+        if len(bucket.ttfts_s) < _SAMPLE_CAP:
+            bucket.ttfts_s.append(ttft_s)
+        bucket.tokens += tokens
 
     def cold_start(self, second: int) -> None:
         """Count one request that waited for a load."""
@@ -83,12 +104,14 @@ class RecentTraffic:
             self._open = None
         start = end_second - length_s
         by_second = {s: row for s, row in self._closed if start <= s < end_second}
-        empty = (0, 0, 0, None, None)
-        rows = [by_second.get(s, empty) for s in range(start, end_second)]
+        rows = [by_second.get(s, _EMPTY) for s in range(start, end_second)]
         return {
             "requests": [r[0] for r in rows],
             "errors": [r[1] for r in rows],
+            "client_errors": [r[5] for r in rows],
             "cold_starts": [r[2] for r in rows],
             "p50_s": [r[3] for r in rows],
             "p99_s": [r[4] for r in rows],
+            "ttft_p50_s": [r[6] for r in rows],
+            "tokens": [r[7] for r in rows],
         }

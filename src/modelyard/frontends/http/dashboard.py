@@ -2,8 +2,10 @@
 
 ``GET /dashboard`` serves ``static/dashboard.html`` with its script and style beside it.
 The page polls ``GET /v2/stats`` (models, devices, events; see ``admin.py``) and
-``GET /v2/stats/timeseries`` (per-second requests, p50/p99 latency and cold starts per
-model version, from :class:`~modelyard.observability.metrics.Metrics`) once a second.
+``GET /v2/stats/timeseries`` (per-second requests, p50/p99 latency, cold starts, the
+model's errors and the clients' errors apart, and for generative models time to first
+token, tokens and active sequences, per model version, from
+:class:`~modelyard.observability.metrics.Metrics`) once a second.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from modelyard.errors import InvalidInputError
+from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.bodies import json_response
 from modelyard.frontends.http.errors import guarded
 from modelyard.observability.metrics import Metrics
@@ -38,6 +41,7 @@ DEFAULT_WINDOW_S = 300
 
 class _HasMetrics(Protocol):
     metrics: Metrics
+    dataplane: DataPlane
 
 
 def _static(name: str) -> bytes:
@@ -71,7 +75,13 @@ def dashboard_routes(app: _HasMetrics) -> list[BaseRoute]:
             ) from None
         if window_s < 1:
             raise InvalidInputError(f"window_s must be at least 1, not {window_s}")
-        return json_response(metrics.recent_traffic(window_s))
+        feed = metrics.recent_traffic(window_s)
+        generation = app.dataplane.generation
+        for model in feed["models"]:
+            gate = generation.generation_gate(model["name"], model["version"])
+            # Streams holding a sequence slot now (generative models only).
+            model["active_sequences"] = None if gate is None else gate.running
+        return json_response(feed)
 
     async def home(request: Request) -> Response:
         # A browser pointed at the server's address finds the dashboard.

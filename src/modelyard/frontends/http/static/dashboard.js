@@ -18,7 +18,7 @@ function h(tag, attrs, ...children) {
     else if (k === "text") el.textContent = v;
     else el.setAttribute(k, v);
   }
-  for (const c of children) el.append(c);
+  for (const c of children) if (c !== null && c !== undefined) el.append(c);
   return el;
 }
 
@@ -197,7 +197,9 @@ function lastValue(values) {
 // Charts span the feed's window, or less while the server is young: from the first
 // second with traffic, and at least MIN_SPAN_S.
 const MIN_SPAN_S = 60;
-const SERIES = ["requests", "errors", "cold_starts", "p50_s", "p99_s"];
+const SERIES = [
+  "requests", "errors", "client_errors", "cold_starts", "p50_s", "p99_s", "ttft_p50_s", "tokens",
+];
 
 function trimmed(series) {
   const n = series.window_s;
@@ -231,15 +233,29 @@ function renderTraffic(feed, stats) {
       const rate = recent.reduce((t, v) => t + v, 0) / Math.max(recent.length, 1);
       const cold = m.cold_starts.reduce((t, v) => t + v, 0);
       const errors = m.errors.reduce((t, v) => t + v, 0);
+      const clientErrors = m.client_errors.reduce((t, v) => t + v, 0);
       const row = (label, value, cls, svg) => h("div", { class: "chart-row" },
         h("div", { class: "chart-label" }, label, h("b", { class: cls, text: value })), svg);
+      const title = keyOf(m) + (errors ? ` · ${errors} model errors` : "")
+        + (clientErrors ? ` · ${clientErrors} client errors` : "");
+      const generative = m.active_sequences !== null && m.active_sequences !== undefined;
+      const recentTokens = m.tokens.slice(-5);
+      const tokensPerS = recentTokens.reduce((t, v) => t + v, 0) / Math.max(recentTokens.length, 1);
+      const generation = generative ? [
+        row("TTFT p50", `${msNumber(lastValue(m.ttft_p50_s))} ms`, "ttft-now",
+          chart("latency", [{ cls: "line-p50", values: m.ttft_p50_s }])),
+        row("tokens/s", tokensPerS.toFixed(1), "tokens-now",
+          chart("rate", [{ cls: "line-rate", values: m.tokens }])),
+        row("active sequences", String(m.active_sequences), "active-now", null),
+      ] : [];
       return h("div", { class: "traffic-card", "data-model": m.name, "data-version": m.version },
-        h("h3", { text: `${keyOf(m)}${errors ? ` · ${errors} errors` : ""}` }),
+        h("h3", { text: title }),
         row("req/s", rate.toFixed(1), "rate-now",
           chart("rate", [{ cls: "line-rate", values: m.requests }])),
         row("p50 / p99", `${msNumber(lastValue(m.p50_s))} / ${msNumber(lastValue(m.p99_s))} ms`, "latency-now",
           chart("latency", [{ cls: "line-p99", values: m.p99_s }, { cls: "line-p50", values: m.p50_s }])),
-        row("cold starts", String(cold), "cold-now", chart("cold", [], m.cold_starts)));
+        row("cold starts", String(cold), "cold-now", chart("cold", [], m.cold_starts)),
+        ...generation);
     });
   const box = document.getElementById("traffic");
   if (cards.length) box.replaceChildren(...cards);
