@@ -62,6 +62,11 @@ RUNTIME_PRELOAD: dict[str, tuple[str, ...]] = {
     # another 2-8 ms: more than the whole load of a 60 MB GGUF file. Neither starts a
     # thread, so the fork server can do both once for all workers.
     "llama_cpp": ("jinja2.sandbox", "modelyard.runtimes.llama_cpp:prepare_fork_server"),
+    # skops.io lists every scikit-learn estimator as it is imported, importing all of
+    # scikit-learn (and torch through its array-API shim, where torch is installed):
+    # 1-3 s on an idle 2-core machine, tens of seconds on a busy one. Paid once here
+    # instead of by the first request to each skops model.
+    "sklearn": ("skops.io",),
 }
 """Extra preloads per runtime kind, used when the repository declares such a model.
 

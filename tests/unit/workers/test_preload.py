@@ -23,3 +23,9 @@ def test_the_server_s_factory_preloads_for_the_declared_runtimes() -> None:
     assert WorkerFactory.for_runtimes(["onnx"]).config.preload == DEFAULT_PRELOAD
     llm = WorkerFactory.for_runtimes(["onnx", "llama_cpp"]).config.preload
     assert llm == preload_for(["llama_cpp"])
+
+
+def test_a_repository_with_skops_models_has_the_fork_server_import_skops() -> None:
+    # skops.io imports all of scikit-learn: paid by the fork server, not a first request.
+    assert "skops.io" in preload_for(["sklearn"])
+    assert "skops.io" not in preload_for(["onnx"])
