@@ -129,7 +129,7 @@ async def test_greedy_output_equals_llama_cpp_in_process(
         )
         try:
             ref_chat = peer.create_chat_completion(
-                messages=messages,  # type: ignore[arg-type]
+                messages=messages,  # type: ignore[arg-type,unused-ignore]
                 max_tokens=12,
                 temperature=0.0,
             )

@@ -65,7 +65,8 @@ def _text(llm_root: Path, tokens: list[int]) -> str:
         vocab_only=True,
     )
     try:
-        return ref.detokenize(tokens).decode()
+        text: str = ref.detokenize(tokens).decode()
+        return text
     finally:
         ref.close()
 

@@ -83,7 +83,7 @@ def cluster() -> Iterator[LocalCluster]:
         yield local
     finally:
         ray.shutdown()
-        local.cluster.shutdown()  # type: ignore[no-untyped-call]
+        local.cluster.shutdown()  # type: ignore[no-untyped-call,unused-ignore]
 
 
 def _start_cluster(attempts: int = 2) -> LocalCluster:
@@ -106,7 +106,7 @@ def _start_cluster(attempts: int = 2) -> LocalCluster:
             local.add("a")
             local.add("b")
         except Exception:
-            c.shutdown()  # type: ignore[no-untyped-call]
+            c.shutdown()  # type: ignore[no-untyped-call,unused-ignore]
             if attempt == attempts - 1:
                 raise
             continue

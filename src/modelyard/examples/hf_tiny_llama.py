@@ -29,7 +29,7 @@ def write_tiny_causal_lm(folder: Path, seed: int = 0, vocab_size: int = 400) -> 
         show_progress=False,
     )
     tok.train_from_iterator(CORPUS.splitlines(), trainer)
-    # cast: typed only where transformers is installed (check_no_torch.sh runs without it)
+    # cast: typed only where transformers is installed (check_no_extras.sh runs without it)
     fast: Any = cast(Any, PreTrainedTokenizerFast)(
         tokenizer_object=tok,
         bos_token="<s>",

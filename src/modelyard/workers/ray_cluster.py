@@ -102,7 +102,7 @@ class RayCluster:
 
     def read_nodes(self) -> list[ClusterNode]:
         """Every node Ray knows, alive or dead (blocking: run it in a thread)."""
-        nodes = [read_node(raw, self.config) for raw in ray.nodes()]  # type: ignore[no-untyped-call]
+        nodes = [read_node(raw, self.config) for raw in ray.nodes()]  # type: ignore[no-untyped-call,unused-ignore]
         # A node id replaced by a new node of the same name: the living one counts.
         by_name: dict[str, ClusterNode] = {}
         for node in nodes:
