@@ -7,12 +7,14 @@ fast health checks (a lost node is declared dead in about 1.5 s) and lean settin
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 # Read by Ray when it is imported: every Ray process of the test cluster then listens on
@@ -24,7 +26,9 @@ ray = pytest.importorskip("ray", reason="Ray mode needs the 'ray' extra")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from modelyard.config.settings import load_settings  # noqa: E402
 from modelyard.examples.mlp import build_add_onnx  # noqa: E402
+from modelyard.ray_app import RayApp  # noqa: E402
 
 _MIB = 1 << 20
 # A killed node is declared dead within about 5 s (5 missed checks), well inside the
@@ -141,3 +145,26 @@ def add_body(rows: int = 1) -> dict[str, Any]:
 def expected(k: int, rows: int = 1) -> list[float]:
     """What ``add-k`` answers to :func:`add_body`."""
     return [float(i + k) for i in range(4)] * rows
+
+
+@contextlib.asynccontextmanager
+async def ray_server(
+    config: Path, **ray_fields: Any
+) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
+    """A server in Ray mode on 127.0.0.1 (the test process is already the driver)."""
+    settings = load_settings(
+        config,
+        host="127.0.0.1",
+        http_port=0,
+        grpc_port=None,
+        ray={"address": "auto", "poll_interval_s": 0.25, **ray_fields},
+    ).model_copy(update={"grpc_port": None})
+    app = RayApp(settings)
+    await app.start()
+    try:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{app.http_port}", timeout=30
+        ) as client:
+            yield app, client
+    finally:
+        await app.stop()

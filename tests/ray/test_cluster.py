@@ -8,20 +8,17 @@ that joins adds its budget.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.ray.conftest import LocalCluster, add_body, add_model, expected
+from tests.ray.conftest import LocalCluster, add_body, add_model, expected, ray_server
 from tests.servers import write_config
 
 ray = pytest.importorskip("ray", reason="Ray mode needs the 'ray' extra")
 
-from modelyard.config.settings import load_settings  # noqa: E402
 from modelyard.manager.states import ModelState  # noqa: E402
 from modelyard.ray_app import RayApp  # noqa: E402
 
@@ -29,29 +26,6 @@ from modelyard.ray_app import RayApp  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 _MIB = 1 << 20
-
-
-@contextlib.asynccontextmanager
-async def ray_server(
-    config: Path, **ray_fields: Any
-) -> AsyncIterator[tuple[RayApp, httpx.AsyncClient]]:
-    """A server in Ray mode on 127.0.0.1 (the test process is already the driver)."""
-    settings = load_settings(
-        config,
-        host="127.0.0.1",
-        http_port=0,
-        grpc_port=None,
-        ray={"address": "auto", "poll_interval_s": 0.25, **ray_fields},
-    ).model_copy(update={"grpc_port": None})
-    app = RayApp(settings)
-    await app.start()
-    try:
-        async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{app.http_port}", timeout=30
-        ) as client:
-            yield app, client
-    finally:
-        await app.stop()
 
 
 def check_budgets(app: RayApp) -> None:

@@ -14,6 +14,12 @@ process would be, the actor is killed (a running call cannot be interrupted) and
 model restarted. Priorities are the
 scheduler's: it decides the order calls reach the actor, which runs them in order.
 
+A generative model (``llama_cpp``, ``transformers``) runs in a
+:class:`~modelyard.workers.ray_generation.GenerativeActor`, a threaded actor whose
+``generate`` is a Ray streaming generator: each chunk reaches the server as the runtime
+produces it, and a stream the server leaves early (client gone, deadline) is cancelled
+in the actor.
+
 Faults: the node lost (``node_lost``, from the cluster watcher) or the actor dead
 (Ray's ``RayActorError``) fails every call in flight at once with WorkerCrashedError
 (HTTP 503) and fires the exit callback once, so the manager restarts the model, on
@@ -23,8 +29,10 @@ another node if its own is gone.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -40,16 +48,30 @@ from modelyard.errors import (
     ServerError,
     WorkerCrashedError,
 )
+from modelyard.protocol.generate import GenerateChunk, GenerateRequest
+from modelyard.runtimes import GENERATIVE_KINDS
 from modelyard.workers.exits import rebuild_error
-from modelyard.workers.instance import ExitCallback, InstanceInfo, StartRequest
+from modelyard.workers.instance import (
+    ExitCallback,
+    GenerationCounters,
+    InstanceInfo,
+    StartRequest,
+)
+from modelyard.workers.messages import ErrorInfo
 from modelyard.workers.ray_actor import ActorLoaded, ModelActor
 from modelyard.workers.ray_cluster import RayCluster
+from modelyard.workers.ray_generation import GenerativeActor, GenerativeLoaded
+from modelyard.workers.streams import generation_job
 
 __all__ = ["RayInstance"]
 
 log = logging.getLogger("modelyard.ray")
 
 _RemoteActor: Any = ray.remote(ModelActor)
+_RemoteGenerative: Any = ray.remote(GenerativeActor)
+_GENERATIVE_CONCURRENCY = 64
+"""Threads of a generative actor: one per open stream (most wait for their next chunk),
+plus cancels and counter queries. The server's generation gate bounds the streams."""
 _BACKGROUND = ThreadPoolExecutor(max_workers=2, thread_name_prefix="modelyard-ray")
 """Runs Ray's blocking control calls (cancel, kill) off the event loop."""
 
@@ -90,6 +112,8 @@ class RayInstance:
         self._dead_reason = ""
         self._lost: asyncio.Future[str] | None = None
         self._on_exit: ExitCallback | None = None
+        self._generative = False
+        self._seqs = itertools.count(1)
 
     @property
     def is_alive(self) -> bool:
@@ -122,7 +146,11 @@ class RayInstance:
         }
         if "/cuda:" in spec.device:
             options["num_gpus"] = self._config.actor_num_gpus
-        if self._config.shared_workers:
+        self._generative = spec.kind in GENERATIVE_KINDS
+        if self._generative:
+            options["max_concurrency"] = _GENERATIVE_CONCURRENCY
+        # A generative actor holds its streams' state: one server's, never shared.
+        if self._config.shared_workers and not self._generative:
             options.update(
                 name=f"{spec.model_name}:{spec.version_dir.rsplit('/', 1)[-1]}@{spec.device}",
                 namespace=self._config.namespace,
@@ -131,15 +159,21 @@ class RayInstance:
             )
         t0 = time.perf_counter()
         try:
-            self._actor = _RemoteActor.options(**options).remote()
+            remote = _RemoteGenerative if self._generative else _RemoteActor
+            self._actor = remote.options(**options).remote()
             self._cluster.watch(spec.device, self)
-            if self._config.shared_workers:
+            if self._config.shared_workers and not self._generative:
                 await self._call(self._actor.acquire.remote(self._cluster.ingress_id), None)
-            reply: tuple[ActorLoaded | None, Any] = await self._call(
-                self._actor.load.remote(
+            if self._generative:
+                load = self._actor.load.remote(
+                    spec, self._public_keys, self._require_manifest, not request.awaited
+                )
+            else:
+                load = self._actor.load.remote(
                     spec, request.warmup_inputs, self._public_keys, self._require_manifest
-                ),
-                self._load_timeout_s,
+                )
+            reply: tuple[ActorLoaded | GenerativeLoaded | None, Any] = await self._call(
+                load, self._load_timeout_s
             )
         except BaseException as exc:
             await self.stop()
@@ -151,6 +185,8 @@ class RayInstance:
             await self.stop()
             raise ModelLoadError(rebuild_error(error).message)
         self._ready = True
+        if isinstance(loaded, GenerativeLoaded):
+            return self._generative_info(loaded, time.perf_counter() - t0)
         return InstanceInfo(
             inputs=loaded.inputs,
             outputs=loaded.outputs,
@@ -166,6 +202,85 @@ class RayInstance:
                 "manifest_verified_on_node": loaded.verified,
             },
         )
+
+    def _generative_info(self, loaded: GenerativeLoaded, start_s: float) -> InstanceInfo:
+        st = loaded.stats
+        return InstanceInfo(
+            inputs=[],
+            outputs=[],
+            supports_batching=False,
+            # As for a worker process: the KV cache is charged whole from the start.
+            footprint_bytes=loaded.footprint_bytes + st.kv_cache_bytes,
+            process_start_s=start_s - loaded.load_s - loaded.warmup_s,
+            load_s=loaded.load_s,
+            warmup_s=loaded.warmup_s,
+            pid=None,
+            details={
+                "ray_node": self._device.rpartition("/")[0],
+                "actor_pid": loaded.pid,
+                "manifest_verified_on_node": loaded.verified,
+                "context_length": st.context_length,
+                "parallel": st.parallel,
+                "kv_cache_bytes": st.kv_cache_bytes,
+            },
+        )
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
+        """Stream one generation from the actor; closing the iterator early cancels it
+        there; WorkerCrashedError if the actor or its node dies meanwhile."""
+        if not self.is_alive or not self._generative:
+            raise self._not_serving()
+        seq = next(self._seqs)
+        stream = self._actor.generate.remote(generation_job(seq, request))
+        finished = False
+        try:
+            while not finished:
+                item = await self._next_chunk(stream)
+                if item is None:  # the actor's generator ended without a last chunk
+                    raise WorkerCrashedError(f"model {self._name!r}: its stream ended early")
+                if isinstance(item, ErrorInfo):
+                    finished = True
+                    raise rebuild_error(item)
+                finished = item.finish_reason is not None
+                yield GenerateChunk(
+                    text=item.text,
+                    token_ids=item.token_ids,
+                    finish_reason=item.finish_reason,
+                    prompt_tokens=item.prompt_tokens,
+                    completion_tokens=item.completion_tokens,
+                )
+        finally:
+            if not finished and self.is_alive:
+                # The consumer left before the end: free the actor's sequence now.
+                self._actor.cancel.remote(seq)
+
+    async def _next_chunk(self, stream: Any) -> Any:
+        """The next item of a Ray streaming generator, or None at its end; fails at once
+        if the node is lost."""
+        lost = self._lost
+        assert lost is not None
+        step = asyncio.ensure_future(stream.__anext__())
+        await asyncio.wait({step, lost}, return_when=asyncio.FIRST_COMPLETED)
+        if not step.done():
+            step.cancel()
+            raise self._crashed()
+        try:
+            ref = step.result()
+        except StopAsyncIteration:
+            return None
+        except RayActorError as exc:
+            self._died(f"its Ray actor died: {type(exc).__name__}")
+            raise self._crashed() from None
+        return await self._call(ref, None)
+
+    async def generation_counters(self, timeout_s: float = 5.0) -> GenerationCounters:
+        """The actor's own generation counters."""
+        if not self.is_alive or not self._generative:
+            raise self._not_serving()
+        stats: GenerationCounters = await self._call(self._actor.stats.remote(), timeout_s)
+        return stats
 
     # ----------------------------------------------------------------------- infer
 
@@ -263,7 +378,7 @@ class RayInstance:
         self._cluster.unwatch(self._device, self)
         if actor is None:
             return
-        if self._config.shared_workers and not self._dead_reason:
+        if self._config.shared_workers and not self._generative and not self._dead_reason:
             try:
                 left = await _bounded(actor.release.remote(self._cluster.ingress_id), 5.0)
             except Exception:

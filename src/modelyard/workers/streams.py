@@ -37,6 +37,26 @@ from modelyard.workers.messages import GenerationCounters as CountersMessage
 _Item = Chunk | ServerError
 
 
+def generation_job(seq: int, request: GenerateRequest) -> GenerationJob:
+    """``request`` as the plain job a generative runtime takes (it crosses a process or
+    node boundary), under the worker's sequence number ``seq``."""
+    s = request.sampling
+    messages = (
+        None if request.messages is None else tuple((m.role, m.content) for m in request.messages)
+    )
+    return GenerationJob(
+        seq,
+        request.prompt,
+        messages,
+        s.max_tokens,
+        float(s.temperature),
+        float(s.top_p),
+        s.top_k,
+        s.seed,
+        s.stop,
+    )
+
+
 class GenerationStreams:
     """The open generation streams and counter queries of one worker."""
 
@@ -92,30 +112,10 @@ class GenerationStreams:
         seq = self._next_seq()
         queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._streams[seq] = queue
-        s = request.sampling
-        messages = (
-            None
-            if request.messages is None
-            else tuple((m.role, m.content) for m in request.messages)
-        )
         finished = False
         pending = self._answers.begin()
         try:
-            self._send(
-                Generate(
-                    GenerationJob(
-                        seq,
-                        request.prompt,
-                        messages,
-                        s.max_tokens,
-                        float(s.temperature),
-                        float(s.top_p),
-                        s.top_k,
-                        s.seed,
-                        s.stop,
-                    )
-                )
-            )
+            self._send(Generate(generation_job(seq, request)))
             while True:
                 item = await queue.get()
                 if isinstance(item, ServerError):
