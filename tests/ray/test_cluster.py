@@ -226,3 +226,26 @@ async def _deadlines_and_model_errors(client: httpx.AsyncClient, app: RayApp) ->
     assert r.json()["outputs"][0]["data"] == [7.0]
     crashed = [e.message for e in app.manager.events.recent(200) if e.kind == "crashed"]
     assert any("overrunning its deadline" in m for m in crashed), crashed
+
+
+async def test_an_actor_the_nodes_cpus_cannot_hold_is_refused_with_the_reason(
+    cluster: LocalCluster, add_root: Path
+) -> None:
+    # Two CPUs per actor: each 4-CPU node holds two, the cluster four; budgets would
+    # take six. Without the check a fifth load waits its whole load timeout for Ray.
+    models = [add_model(k, load_timeout_s=60) for k in range(1, 6)]
+    config = write_config(add_root, models)
+    async with ray_server(config, actor_num_cpus=2) as (app, client):
+        answers = [
+            await client.post(f"/v2/models/add-{k}/infer", json=add_body()) for k in range(1, 6)
+        ]
+        refused = [r for r in answers if r.status_code != 200]
+        assert refused, [r.status_code for r in answers]
+        for r in refused:
+            assert "Ray cannot start model" in r.text, r.text
+            assert "CPUs are held by this server's 2 actor(s)" in r.text, r.text
+        served = [k for k, r in enumerate(answers, 1) if r.status_code == 200]
+        assert len(served) >= 2
+        for k in served:
+            assert answers[k - 1].json()["outputs"][0]["data"] == expected(k)
+        check_budgets(app)

@@ -84,7 +84,7 @@ async def test_a_stream_the_client_leaves_is_cancelled_in_the_actor(
         instance = record.instance
         assert instance is not None
         for _ in range(100):
-            counters = await instance.generation_counters()  # type: ignore[attr-defined]
+            counters = await instance.generation_counters()
             if counters.active == 0:
                 break
             await asyncio.sleep(0.1)

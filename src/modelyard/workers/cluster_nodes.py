@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["ClusterNode", "NodeDevice", "device_node", "local_device"]
+__all__ = ["ClusterNode", "NodeDevice", "cpu_refusal", "device_node", "local_device"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,8 @@ class ClusterNode:
     node_id: str
     alive: bool
     devices: tuple[NodeDevice, ...] = field(default_factory=tuple)
+    cpus: float = 0.0
+    """The CPUs Ray gives the node (its ``CPU`` resource)."""
 
     def device_names(self) -> list[str]:
         """The node's devices as the manager names them: ``NODE/cpu``, ``NODE/cuda:0``."""
@@ -45,3 +47,22 @@ def device_node(device: str) -> str:
 def local_device(device: str) -> str:
     """The device as the node itself names it: ``cpu`` for ``NODE/cpu``."""
     return device.rpartition("/")[2]
+
+
+def cpu_refusal(node: ClusterNode, holders: list[str], per_actor: float, model: str) -> str:
+    """Why Ray cannot start one more actor of ``per_actor`` CPUs on ``node``, whose CPUs
+    this server's actors ``holders`` already hold (``per_actor`` each); empty when it can.
+
+    Ray would leave such an actor pending, without an error, until a CPU frees up: the
+    load would wait for its whole load timeout and then fail without saying why.
+    """
+    held = per_actor * len(holders)
+    if per_actor <= 0 or held + per_actor <= node.cpus + 1e-9:
+        return ""
+    shown = ", ".join(sorted(holders)[:4]) + (", …" if len(holders) > 4 else "")
+    return (
+        f"Ray cannot start model {model!r}'s actor on node {node.name}: it asks "
+        f"{per_actor:g} CPU (ray.actor_num_cpus) and the node's {node.cpus:g} CPUs are held "
+        f"by this server's {len(holders)} actor(s) there ({shown}); unload one, lower "
+        "ray.actor_num_cpus, or add a node"
+    )

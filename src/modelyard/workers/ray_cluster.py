@@ -21,7 +21,7 @@ from modelyard.config.ray import (
     NODE_RESOURCE_PREFIX,
     RayConfig,
 )
-from modelyard.workers.cluster_nodes import ClusterNode, NodeDevice, device_node
+from modelyard.workers.cluster_nodes import ClusterNode, NodeDevice, cpu_refusal, device_node
 
 __all__ = ["NodeWatcher", "RayCluster", "read_node"]
 
@@ -32,6 +32,11 @@ _MIB = 1024 * 1024
 
 class NodeWatcher(Protocol):
     """An instance placed on a node, told when that node is lost."""
+
+    @property
+    def model_name(self) -> str:
+        """The model the instance serves (named in placement refusals)."""
+        ...
 
     def node_lost(self, reason: str) -> None:
         """Fail calls in flight at once and report the instance dead."""
@@ -64,7 +69,7 @@ def read_node(raw: dict[str, Any], config: RayConfig) -> ClusterNode:
         else:
             why = f"no GPU budget: give the node a {GPU_MEMORY_RESOURCE} resource"
             devices.append(NodeDevice(f"cuda:{index}", 0, why))
-    return ClusterNode(name, node_id, bool(raw.get("Alive")), tuple(devices))
+    return ClusterNode(name, node_id, bool(raw.get("Alive")), tuple(devices), cpus)
 
 
 class RayCluster:
@@ -119,6 +124,15 @@ class RayCluster:
         node = self._nodes.get(name)
         alive = node is not None and node.alive and name not in self._lost
         return node.node_id if node is not None and alive else None
+
+    def placement_refusal(self, device: str, model: str) -> str:
+        """Why an actor for ``model`` on CPU device ``NODE/cpu`` cannot start now (this
+        server's actors hold the node's CPUs), or empty."""
+        node = self._nodes.get(device_node(device))
+        if node is None or "/cuda:" in device:
+            return ""
+        holders = [w.model_name for w in self._watchers.get(node.name, set())]
+        return cpu_refusal(node, holders, self.config.actor_num_cpus, model)
 
     def watch(self, device: str, instance: NodeWatcher) -> None:
         """Tell ``instance`` when the node of ``device`` is lost (at once if it is)."""

@@ -125,6 +125,11 @@ class RayInstance:
         """The device ``NODE/…`` the actor runs on."""
         return self._device
 
+    @property
+    def model_name(self) -> str:
+        """The model this actor serves."""
+        return self._name
+
     def set_exit_callback(self, callback: ExitCallback) -> None:
         """Called once if the actor or its node dies."""
         self._on_exit = callback
@@ -139,6 +144,9 @@ class RayInstance:
         node_id = self._cluster.node_id_for(spec.device)
         if node_id is None:
             raise ModelLoadError(f"model {self._name!r}: node of {spec.device} is not alive")
+        refusal = self._cluster.placement_refusal(spec.device, self._name)
+        if refusal:
+            raise ModelLoadError(refusal)
         options: dict[str, Any] = {
             "num_cpus": self._config.actor_num_cpus,
             "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False),
