@@ -52,6 +52,9 @@ async def test_models_spread_across_nodes_by_budget(cluster: LocalCluster, add_r
         record = app.manager.record_for("add-1", "1")
         assert record.info is not None
         assert record.info.details["ray_node"] == record.device.split("/")[0]
+        # Loads claim the idle actors started ahead on each node (ray.spare_actors).
+        spares = [r.info.details["from_spare"] for r in app.manager.records() if r.info]
+        assert any(spares), spares
         assert record.state is ModelState.READY
 
 

@@ -44,6 +44,10 @@ class RayConfig(BaseModel):
     object store first (BENCHMARKS.md, section 19)."""
     poll_interval_s: float = Field(default=0.5, gt=0)
     """How often the node list is read (joins, deaths)."""
+    spare_actors: int = Field(default=1, ge=0, le=16)
+    """Idle model actors kept started and warmed on each node, so that a load claims one
+    instead of waiting for Ray to start a worker process (seconds); 0: none. Spares ask
+    Ray for no CPU. Not used for generative models or with ``shared_workers``."""
     shared_workers: bool = False
     """Actors are named and shared by every ingress of the namespace, each holding a
     lease; the last lease released stops the actor."""

@@ -63,6 +63,14 @@ class ModelActor:
         self._runtime: Runtime | None = None
         self._leases: set[str] = set()
 
+    def warm(self) -> int:
+        """Start what a load would (ONNX Runtime's process-wide state) in an idle spare
+        actor, before any load claims it; returns its pid."""
+        from modelyard.runtimes import prewarm
+
+        prewarm("onnx")
+        return os.getpid()
+
     def load(
         self,
         spec: RuntimeSpec,

@@ -22,6 +22,7 @@ from modelyard.config.ray import (
     RayConfig,
 )
 from modelyard.workers.cluster_nodes import ClusterNode, NodeDevice, cpu_refusal, device_node
+from modelyard.workers.ray_spares import SpareActors
 
 __all__ = ["NodeWatcher", "RayCluster", "read_node"]
 
@@ -84,6 +85,9 @@ class RayCluster:
         """Nodes lost and not back (a node that returns under its name is removed)."""
         self.ingress_id = f"ingress-{os.getpid()}-{id(self):x}"
         """This server's name in the leases of shared actors."""
+        self._spares: SpareActors | None = None
+        if config.spare_actors and not config.shared_workers:
+            self._spares = SpareActors(config.spare_actors)
 
     def connect(self) -> None:
         """Join the cluster (blocking: run it in a thread). A process already connected
@@ -100,7 +104,9 @@ class RayCluster:
         log.info("joined the Ray cluster at %s", self.config.address)
 
     def close(self) -> None:
-        """Leave the cluster if this object joined it."""
+        """Kill the idle spare actors; leave the cluster if this object joined it."""
+        if self._spares is not None:
+            self._spares.close()
         if self._owns_connection and ray.is_initialized():
             ray.shutdown()
         self._owns_connection = False
@@ -116,7 +122,20 @@ class RayCluster:
                 by_name[node.name] = node
         self._nodes = by_name
         self._lost -= {name for name, node in by_name.items() if node.alive}
+        if self._spares is not None:
+            cpu_nodes = {
+                n.name: n.node_id
+                for n in by_name.values()
+                if n.alive and any(d.local_name == "cpu" for d in n.devices)
+            }
+            self._spares.top_up(cpu_nodes)
         return list(by_name.values())
+
+    def claim_spare(self, device: str) -> Any | None:
+        """An idle, started actor on the node of CPU device ``NODE/cpu`` (None: none)."""
+        if self._spares is None or "/cuda:" in device:
+            return None
+        return self._spares.claim(device_node(device))
 
     def node_id_for(self, device: str) -> str | None:
         """The live node id of device ``NODE/…`` (None: unknown or dead)."""

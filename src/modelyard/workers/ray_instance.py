@@ -113,6 +113,7 @@ class RayInstance:
         self._lost: asyncio.Future[str] | None = None
         self._on_exit: ExitCallback | None = None
         self._generative = False
+        self._from_spare = False
         self._seqs = itertools.count(1)
 
     @property
@@ -167,8 +168,15 @@ class RayInstance:
             )
         t0 = time.perf_counter()
         try:
-            remote = _RemoteGenerative if self._generative else _RemoteActor
-            self._actor = remote.options(**options).remote()
+            spare = None
+            if not self._generative and not self._config.shared_workers:
+                spare = self._cluster.claim_spare(spec.device)
+            self._from_spare = spare is not None
+            if spare is not None:
+                self._actor = spare
+            else:
+                remote = _RemoteGenerative if self._generative else _RemoteActor
+                self._actor = remote.options(**options).remote()
             self._cluster.watch(spec.device, self)
             if self._config.shared_workers and not self._generative:
                 await self._call(self._actor.acquire.remote(self._cluster.ingress_id), None)
@@ -208,6 +216,7 @@ class RayInstance:
                 "ray_node": self._device.rpartition("/")[0],
                 "actor_pid": loaded.pid,
                 "manifest_verified_on_node": loaded.verified,
+                "from_spare": self._from_spare,
             },
         )
 
