@@ -170,6 +170,11 @@ class WorkerCrashedError(ServerError):
     code = ErrorCode.WORKER_CRASHED
 
 
+class WorkerLostError(WorkerCrashedError):
+    """The worker was lost from under the request (Ray mode: its node or its actor died).
+    The request never got an answer, so it may run once more after the model restarts."""
+
+
 class ModelLoadError(ServerError):
     """Loading the model failed (bad file, runtime error, failed verification).
 

@@ -8,6 +8,7 @@ that joins adds its budget.
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,9 @@ _TYPED_503 = (
     "restarting",
     "was lost",
     "doesn't exist any more",
+    # A restart sent to the dying node fails its load; a request routed to the model in
+    # that moment finds its scheduler closed (never ran; typed 503).
+    "closed",
 )
 
 
@@ -160,7 +164,11 @@ async def test_node_killed_under_load(cluster: LocalCluster, add_root: Path) -> 
         for status, body in failed:
             assert status == 503, (status, body)
             assert any(word in body["error"] for word in _TYPED_503), body
-        assert failed, "the kill under load failed no request (was anything in flight?)"
+        # A request in flight on b when it died ran again on a live node (WorkerLostError is
+        # recovered), so none is answered with the lost worker's error.
+        in_flight_error = re.compile(r"model '[^']+': its worker on b/")
+        lost_in_flight = [body for _, body in failed if in_flight_error.match(body["error"])]
+        assert lost_in_flight == [], lost_in_flight
         assert set(not_ready_seen) == set(on_b)
         events = [(e.kind, e.model, e.message) for e in app.manager.events.recent(200)]
         assert ("node_lost", "(cluster)", "node b was lost") in events

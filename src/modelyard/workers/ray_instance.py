@@ -47,6 +47,7 @@ from modelyard.errors import (
     ModelNotReadyError,
     ServerError,
     WorkerCrashedError,
+    WorkerLostError,
 )
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.runtimes import GENERATIVE_KINDS
@@ -377,7 +378,8 @@ class RayInstance:
             self._on_exit(reason)
 
     def _crashed(self) -> WorkerCrashedError:
-        return WorkerCrashedError(
+        # Its node or actor died under the call: the call may run once more elsewhere.
+        return WorkerLostError(
             f"model {self._name!r}: its worker on {self._device} died ({self._dead_reason})"
         )
 
