@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +29,9 @@ from modelyard.frontends.grpc.convert import request_to_proto, response_from_pro
 from modelyard.frontends.grpc.errors import GRPC_STATUS
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
-from modelyard.frontends.grpc.server import start_grpc_server, stop_grpc_server
+from modelyard.frontends.grpc.server import GrpcLimits, start_grpc_server, stop_grpc_server
 from modelyard.frontends.grpc.servicer import DataPlaneProtocol
+from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.protocol.tensors import output_from_array
 from modelyard.protocol.types import (
     InferInput,
@@ -42,6 +43,7 @@ from modelyard.protocol.types import (
 )
 
 MAX_MESSAGE_BYTES = 1 << 20
+LIMITS = GrpcLimits(max_message_bytes=MAX_MESSAGE_BYTES)
 
 
 class FakeDataPlane:
@@ -119,6 +121,16 @@ class FakeDataPlane:
         self._check(name)
         self.unloaded.append(name)
 
+    def is_generative(self, name: str) -> bool:
+        return False  # generative models are tested on a real server (test_stream_infer)
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
+        raise NotSupportedError("no generative model here")
+        yield  # an async generator, as the data plane's
+
+    async def generate_text(self, request: GenerateRequest) -> dict[str, object]:
+        raise NotSupportedError("no generative model here")
+
 
 def _as_protocol(fake: FakeDataPlane) -> DataPlaneProtocol:
     return fake  # the fake is type-checked against the real protocol here
@@ -134,7 +146,7 @@ class Client:
 async def client() -> AsyncIterator[Client]:
     fake = FakeDataPlane()
     server, port = await start_grpc_server(
-        _as_protocol(fake), "127.0.0.1", 0, max_message_bytes=MAX_MESSAGE_BYTES
+        _as_protocol(fake), "127.0.0.1", 0, LIMITS
     )
     assert port > 0
     channel = grpc.aio.insecure_channel(
@@ -322,12 +334,12 @@ async def test_missing_model_name_is_invalid_argument(client: Client) -> None:
 
 async def test_port_in_use_is_an_os_error(client: Client) -> None:
     server, port = await start_grpc_server(
-        _as_protocol(FakeDataPlane()), "127.0.0.1", 0, max_message_bytes=MAX_MESSAGE_BYTES
+        _as_protocol(FakeDataPlane()), "127.0.0.1", 0, LIMITS
     )
     try:
         with pytest.raises(OSError, match=f"127.0.0.1:{port}"):
             await start_grpc_server(
-                _as_protocol(FakeDataPlane()), "127.0.0.1", port, MAX_MESSAGE_BYTES
+                _as_protocol(FakeDataPlane()), "127.0.0.1", port, LIMITS
             )
     finally:
         await stop_grpc_server(server, grace_s=0)
