@@ -72,7 +72,7 @@ async def test_tokens_stream_and_ordinary_models_answer_once(llm_root: Path) -> 
         whole = r.json()["text_output"]
 
         sampling = {"max_tokens": N_TOKENS, "temperature": 0.0}
-        generate = {"model_name": "llama-a", "inputs": _text_request()}
+        generate: dict[str, Any] = {"model_name": "llama-a", "inputs": _text_request()}
         generate |= {"parameters": sampling, "request_id": "g1"}
         results = await asyncio.to_thread(_stream_until_final, app.grpc_port, generate)
         assert all(error is None for _, error in results), results
@@ -91,8 +91,11 @@ async def test_tokens_stream_and_ordinary_models_answer_once(llm_root: Path) -> 
         unknown = {"model_name": "no-such-model", "inputs": _add_request()}
         answers = await asyncio.to_thread(_stream, app.grpc_port, [add, unknown, add], 3)
         (r1, e1), (r2, e2), (r3, e3) = answers
-        assert e1 is None and e3 is None, (e1, e3)
-        assert r2 is None and e2 is not None and "no-such-model" in e2.message()
+        assert e1 is None, e1
+        assert e3 is None, e3
+        assert r2 is None
+        assert e2 is not None
+        assert "no-such-model" in e2.message()
         expected = np.arange(4, dtype=np.float32).reshape(1, 4) + 1
         np.testing.assert_array_equal(r1.as_numpy("output"), expected)
         np.testing.assert_array_equal(r3.as_numpy("output"), expected)

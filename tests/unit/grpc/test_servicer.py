@@ -145,9 +145,7 @@ class Client:
 @pytest.fixture
 async def client() -> AsyncIterator[Client]:
     fake = FakeDataPlane()
-    server, port = await start_grpc_server(
-        _as_protocol(fake), "127.0.0.1", 0, LIMITS
-    )
+    server, port = await start_grpc_server(_as_protocol(fake), "127.0.0.1", 0, LIMITS)
     assert port > 0
     channel = grpc.aio.insecure_channel(
         f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 4 * MAX_MESSAGE_BYTES)]
@@ -333,13 +331,9 @@ async def test_missing_model_name_is_invalid_argument(client: Client) -> None:
 
 
 async def test_port_in_use_is_an_os_error(client: Client) -> None:
-    server, port = await start_grpc_server(
-        _as_protocol(FakeDataPlane()), "127.0.0.1", 0, LIMITS
-    )
+    server, port = await start_grpc_server(_as_protocol(FakeDataPlane()), "127.0.0.1", 0, LIMITS)
     try:
         with pytest.raises(OSError, match=f"127.0.0.1:{port}"):
-            await start_grpc_server(
-                _as_protocol(FakeDataPlane()), "127.0.0.1", port, LIMITS
-            )
+            await start_grpc_server(_as_protocol(FakeDataPlane()), "127.0.0.1", port, LIMITS)
     finally:
         await stop_grpc_server(server, grace_s=0)

@@ -110,9 +110,7 @@ def text_response(
     parameters: dict[str, Any],
 ) -> pb.ModelInferResponse:
     """One ``ModelInferResponse`` carrying ``text`` as the BYTES output ``text_output``."""
-    output = InferOutput(
-        TEXT_OUTPUT, "BYTES", (1,), np.array([text.encode("utf-8")], dtype=object)
-    )
+    output = InferOutput(TEXT_OUTPUT, "BYTES", (1,), np.array([text.encode("utf-8")], dtype=object))
     response = InferResponse(model, version, [output], request_id or None, parameters)
     return response_to_proto(response)
 

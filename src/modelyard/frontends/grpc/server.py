@@ -30,7 +30,7 @@ class GrpcLimits:
     Together they bound the request bytes the server can hold at once: grpcio buffers
     at most one message of ``max_message_bytes`` per running RPC, and runs at most
     :attr:`concurrent_rpcs` RPCs, so an attacker sending bodies that never end holds at
-    most ``max_message_bytes × concurrent_rpcs`` (``max_buffered_bytes``), whatever the
+    most ``max_message_bytes * concurrent_rpcs`` (``max_buffered_bytes``), whatever the
     number of connections or streams.
     """
 
