@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,8 @@ class FakeDataPlane:
         self.configs: list[object] = []
         self.unloaded: list[str] = []
         self.max_request_elements = 1 << 20
+        self.hold: asyncio.Event | None = None
+        """When set, ``infer`` waits for it (calls kept running)."""
 
     def check_response_bytes(self, size: int) -> None:
         pass
@@ -91,6 +94,8 @@ class FakeDataPlane:
     async def infer(self, request: InferRequest) -> InferResponse:
         self._check(request.model_name)
         self.requests.append(request)
+        if self.hold is not None:
+            await self.hold.wait()
         return InferResponse(
             model_name=request.model_name,
             model_version=request.model_version or "2",
@@ -335,5 +340,30 @@ async def test_port_in_use_is_an_os_error(client: Client) -> None:
     try:
         with pytest.raises(OSError, match=f"127.0.0.1:{port}"):
             await start_grpc_server(_as_protocol(FakeDataPlane()), "127.0.0.1", port, LIMITS)
+    finally:
+        await stop_grpc_server(server, grace_s=0)
+
+
+async def test_calls_beyond_the_buffered_bytes_bound_are_resource_exhausted() -> None:
+    # 2 MiB buffered at most with 1 MiB messages: two calls run at once, whatever
+    # max_concurrent_rpcs says.
+    limits = GrpcLimits(max_message_bytes=1 << 20, max_buffered_bytes=2 << 20)
+    assert limits.concurrent_rpcs == 2
+    fake = FakeDataPlane()
+    fake.hold = asyncio.Event()
+    server, port = await start_grpc_server(_as_protocol(fake), "127.0.0.1", 0, limits)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+            running = [asyncio.ensure_future(stub.ModelInfer(_infer_request())) for _ in range(2)]
+            while len(fake.requests) < 2:
+                await asyncio.sleep(0.01)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(_infer_request())
+            assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            fake.hold.set()
+            for call in running:
+                assert list((await call).outputs[0].shape) == [2, 3]
+            assert list((await stub.ModelInfer(_infer_request())).outputs[0].shape) == [2, 3]
     finally:
         await stop_grpc_server(server, grace_s=0)
