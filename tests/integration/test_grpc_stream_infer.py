@@ -1,7 +1,8 @@
 """``ModelStreamInfer`` with stock ``tritonclient.grpc`` (``start_stream`` /
 ``async_stream_infer``): a generative model's tokens arrive as a stream of responses, the
 last flagged ``triton_final_response``; an ordinary model answers once per request; a bad
-request is answered in the stream, which goes on."""
+request is answered in the stream, which goes on; a client that cancels the stream stops
+the generation in the worker."""
 
 from __future__ import annotations
 
@@ -10,11 +11,16 @@ import queue
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
 from modelyard.examples.mlp import build_add_onnx
+from modelyard.frontends.grpc.convert import request_to_proto
+from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from modelyard.protocol.types import InferInput, InferRequest
 from tests.integration.llm_models import N_TOKENS, PROMPT, llm_model
+from tests.polling import wait_until
 from tests.servers import running_server, write_config
 
 pytest.importorskip("llama_cpp", reason="the llm extra runs GGUF models")
@@ -131,3 +137,43 @@ def _infer_text(port: int, sampling: dict[str, Any]) -> str:
         return text
     finally:
         client.close()
+
+
+@pytest.mark.slow
+async def test_a_cancelled_stream_stops_generation_in_the_worker(llm_root: Path) -> None:
+    model = llm_model("llama-a", generation={"n_ctx": 4096})
+    config = write_config(llm_root, [model], devices=[{"name": "cpu", "memory_budget_mb": 1024}])
+    async with running_server(config, grpc=True) as (app, _):
+        request = request_to_proto(
+            InferRequest(
+                "llama-a",
+                None,
+                [
+                    InferInput(
+                        "text_input", "BYTES", (1,), np.array([PROMPT.encode()], dtype=object)
+                    )
+                ],
+            )
+        )
+        request.parameters["max_tokens"].int64_param = 4000
+        request.parameters["temperature"].double_param = 0.0
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+            call = stub.ModelStreamInfer(iter([request]))
+            seen = 0
+            async for answer in call:
+                assert not answer.error_message
+                seen += 1
+                if seen == 5:
+                    call.cancel()  # the client goes away mid-answer
+                    break
+
+        async def no_active_sequence() -> bool:
+            return (await app.dataplane.generation_counters("llama-a")).active == 0
+
+        await wait_until(no_active_sequence, what="the worker dropped the sequence")
+        before = (await app.dataplane.generation_counters("llama-a")).generated_tokens
+        await asyncio.sleep(0.5)
+        after = (await app.dataplane.generation_counters("llama-a")).generated_tokens
+        assert after == before, "the worker kept generating for a client that left"
+        assert before < 1000

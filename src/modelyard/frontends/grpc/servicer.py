@@ -8,6 +8,7 @@ INTERNAL. ``ModelStreamInfer`` answers each request's error in the stream instea
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
@@ -249,12 +250,18 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         one response each, or (generative models) one per piece of text, the last
         flagged ``triton_final_response``. A request's error is answered in the stream
         (``error_message``) and the stream goes on."""
-        timeout_s = _client_timeout_s(context)
         async for request in request_iterator:
             try:
+                # Per request: what is left of the stream's deadline, and the metadata's
+                # x-modelyard-timeout-ms as each request's own budget.
+                timeout_s = _client_timeout_s(context)
                 if self.dataplane.is_generative(request.model_name):
-                    async for piece in self._generate_stream(request, timeout_s):
-                        yield pb.ModelStreamInferResponse(infer_response=piece)
+                    # Closed on the way out, also when the client cancels mid-answer:
+                    # that stops the generation in the worker.
+                    pieces = self._generate_stream(request, timeout_s)
+                    async with contextlib.aclosing(pieces):
+                        async for piece in pieces:
+                            yield pb.ModelStreamInferResponse(infer_response=piece)
                 else:
                     message = await self._infer(request, timeout_s)
                     yield pb.ModelStreamInferResponse(infer_response=message)
@@ -266,7 +273,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _generate_stream(
         self, request: pb.ModelInferRequest, timeout_s: float | None
-    ) -> AsyncIterator[pb.ModelInferResponse]:
+    ) -> AsyncGenerator[pb.ModelInferResponse, None]:
         """A generative model's pieces of text, each as a response as soon as it exists,
         the last (the chunk with a finish reason) flagged final. Closing this generator
         (the client cancelled the stream) stops generation in the worker."""
