@@ -211,7 +211,9 @@ class App:
         self._worker_factory = WorkerFactory.for_runtimes(kinds, s.spare_worker_count)
         await self._worker_factory.start()
         log.info("worker memory limits: %s", self._worker_factory.memory_limit_backend)
-        ensure_descriptor_room(s.limits.max_connections)
+        # Both ports' connection caps come out of the one descriptor limit.
+        grpc_connections = s.limits.grpc_max_connections if s.grpc_port is not None else 0
+        ensure_descriptor_room(s.limits.max_connections + grpc_connections)
         limits = s.limits
         http_app = create_app(
             self.dataplane,
@@ -313,22 +315,29 @@ class App:
 
     async def _start_grpc(self, credentials: Any) -> None:
         try:
-            from modelyard.frontends.grpc.server import start_grpc_server
+            from modelyard.frontends.grpc.server import GrpcLimits, start_grpc_server
         except ImportError:
             log.warning("gRPC front end unavailable (stubs not generated)")
             return
         s = self.settings
+        limits = s.limits
         self._grpc, self.grpc_port = await start_grpc_server(
             self.dataplane,
             s.host,
             s.grpc_port or 0,
-            s.max_request_bytes,
+            GrpcLimits(
+                max_message_bytes=limits.grpc_max_message_bytes,
+                max_buffered_bytes=limits.grpc_max_buffered_bytes,
+                max_concurrent_rpcs=limits.grpc_max_concurrent_rpcs,
+                max_concurrent_streams=limits.grpc_max_concurrent_streams,
+                max_connections=limits.grpc_max_connections,
+                max_connection_idle_s=limits.grpc_max_connection_idle_s,
+                max_connection_age_s=limits.grpc_max_connection_age_s,
+                max_connection_age_grace_s=limits.grpc_max_connection_age_grace_s,
+                handshake_timeout_s=limits.header_timeout_s,
+            ),
             authorizer=self.authorizer,
             credentials=credentials,
-            max_concurrent_streams=s.limits.grpc_max_concurrent_streams,
-            max_connection_idle_s=s.limits.grpc_max_connection_idle_s,
-            max_concurrent_rpcs=s.limits.grpc_max_concurrent_rpcs,
-            handshake_timeout_s=s.limits.header_timeout_s,
         )
 
     async def _sample_memory(self) -> None:

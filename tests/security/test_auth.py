@@ -225,6 +225,16 @@ def _infer_request() -> pb.ModelInferRequest:
 
 GrpcCall = Callable[[pb_grpc.GRPCInferenceServiceStub, Any], Awaitable[object]]
 
+
+async def _stream_infer(stub: pb_grpc.GRPCInferenceServiceStub, metadata: Any) -> object:
+    """One request on a ``ModelStreamInfer`` stream; its one answer (an error in the
+    stream would be a failure: the token check happens before, on the call)."""
+    call = stub.ModelStreamInfer(iter([_infer_request()]), metadata=metadata)
+    answers = [answer async for answer in call]
+    assert [a.error_message for a in answers] == [""]
+    return answers
+
+
 GRPC_CALLS: dict[str, tuple[str, GrpcCall]] = {
     "ServerLive": ("open", lambda s, md: s.ServerLive(pb.ServerLiveRequest(), metadata=md)),
     "ServerReady": ("open", lambda s, md: s.ServerReady(pb.ServerReadyRequest(), metadata=md)),
@@ -233,6 +243,7 @@ GRPC_CALLS: dict[str, tuple[str, GrpcCall]] = {
         lambda s, md: s.ServerMetadata(pb.ServerMetadataRequest(), metadata=md),
     ),
     "ModelInfer": ("data", lambda s, md: s.ModelInfer(_infer_request(), metadata=md)),
+    "ModelStreamInfer": ("data", _stream_infer),
     "ModelMetadata": (
         "data",
         lambda s, md: s.ModelMetadata(pb.ModelMetadataRequest(name="add"), metadata=md),

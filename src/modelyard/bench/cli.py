@@ -141,13 +141,6 @@ def add_bench_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
             "(%(default)s; HTTPS needs aiohttp)"
         ),
     )
-    engine.add_argument(
-        "--grpc-client",
-        choices=("grpcio", "raw"),
-        default="grpcio",
-        help="Python gRPC client: grpc.aio, or raw HTTP/2 calls at a fraction of its CPU "
-        "(%(default)s)",
-    )
     output = parser.add_argument_group("output")
     output.add_argument("--json", type=Path, metavar="OUT", help="write results as JSON")
     output.add_argument("--csv", type=Path, metavar="OUT", help="write results as CSV")
@@ -195,7 +188,6 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
             warmup_s=args.warmup,
             engine=args.engine,
             http_client=args.http_client,
-            grpc_client=args.grpc_client,
             payload_files=payloads,
             seed=args.seed,
             request_timeout_s=args.timeout,

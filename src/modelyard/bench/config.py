@@ -58,9 +58,6 @@ class BenchConfig(BaseModel):
     """Who sends: this process (``python``) or the ``wrk`` tool, closed loop over REST only."""
     http_client: Literal["raw", "aiohttp"] = "raw"
     """REST client: pre-built HTTP/1.1 over asyncio streams, or aiohttp (needed for HTTPS)."""
-    grpc_client: Literal["grpcio", "raw"] = "grpcio"
-    """gRPC client: ``grpc.aio``'s channel, or pre-built calls over one asyncio HTTP/2
-    connection (``modelyard.bench.grpc_raw``, a fraction of grpcio's CPU per call)."""
     payload_files: dict[str, Path] = Field(default_factory=dict)
     """Model name → v2 JSON request body to send instead of a generated one."""
     seed: int = 0

@@ -245,17 +245,15 @@ def _poisson(
 def _client_name(config: BenchConfig) -> str:
     if config.grpc_target is None:
         return config.http_client
-    return "grpc" if config.grpc_client == "grpcio" else "grpc-raw"
+    return "grpc"
 
 
 def _open_client(config: BenchConfig, workload: Workload, concurrency: int) -> InferClient:
     access = Access.from_config(config)
     if config.grpc_target is not None:
         from modelyard.bench.grpc_client import GrpcInferClient
-        from modelyard.bench.grpc_raw import RawGrpcClient
 
-        make = RawGrpcClient if config.grpc_client == "raw" else GrpcInferClient
-        return make(
+        return GrpcInferClient(
             config.grpc_target,
             workload.payloads,
             timeout_s=config.request_timeout_s,

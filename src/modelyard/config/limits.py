@@ -53,13 +53,41 @@ class LimitsConfig(BaseModel):
     oldest connection still waiting for its request head (a slow or silent client);
     if every connection is busy, requests are answered 503. Keep it well under the
     process's file limit (``ulimit -n``) so that accepting never fails."""
+    grpc_max_message_mb: float = Field(default=4.0, gt=0)
+    """Largest gRPC message either way (grpcio's own default), kept below
+    ``max_request_mb`` because grpcio buffers a whole message per running RPC; beyond
+    it the call ends with RESOURCE_EXHAUSTED ("Received message larger than max (N vs.
+    LIMIT)"). Raise it for large tensors, with ``grpc_max_buffered_mb`` in mind."""
+    grpc_max_buffered_mb: float = Field(default=256.0, gt=0)
+    """The total bound on gRPC request bytes held at once: RPCs run at once are capped
+    at ``grpc_max_buffered_mb / grpc_max_message_mb`` (64 by default), so bodies that
+    never end cannot hold more, however many connections send them."""
     grpc_max_concurrent_rpcs: PositiveInt = 1024
-    """RPCs the gRPC server runs at once, all connections together; beyond it, new RPCs
-    are answered RESOURCE_EXHAUSTED."""
+    """RPCs the gRPC server runs at once, all connections together (also capped by
+    ``grpc_max_buffered_mb``); beyond it, new RPCs are answered RESOURCE_EXHAUSTED
+    ("Concurrent RPC limit exceeded!")."""
     grpc_max_concurrent_streams: PositiveInt = 128
     """Concurrent RPCs one gRPC connection may have open."""
+    grpc_max_connections: PositiveInt = 256
+    """Open gRPC connections at most (grpcio refuses more), so that a flood of
+    connections on the gRPC port cannot take the file descriptors REST needs."""
     grpc_max_connection_idle_s: float = Field(default=300.0, gt=0)
     """A gRPC connection with no RPC for this long is closed (GOAWAY)."""
+    grpc_max_connection_age_s: float = Field(default=600.0, gt=0)
+    """Every gRPC connection gets GOAWAY at this age (clients reconnect by themselves);
+    with the grace below, the deadline of a call left open without progress."""
+    grpc_max_connection_age_grace_s: float = Field(default=60.0, gt=0)
+    """After the age GOAWAY, how long calls still running may finish before the close."""
+
+    @property
+    def grpc_max_message_bytes(self) -> int:
+        """``grpc_max_message_mb`` in bytes."""
+        return max(1, int(self.grpc_max_message_mb * MIB))
+
+    @property
+    def grpc_max_buffered_bytes(self) -> int:
+        """``grpc_max_buffered_mb`` in bytes."""
+        return max(1, int(self.grpc_max_buffered_mb * MIB))
 
     @model_validator(mode="before")
     @classmethod

@@ -361,6 +361,10 @@ class DataPlane:
 
     # ------------------------------------------------------------------ generation
 
+    def is_generative(self, name: str) -> bool:
+        """Whether ``name`` is a configured generative model (answers text, not tensors)."""
+        return self.generation.is_generative(name)
+
     def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         """Generate text for ``request``, one :class:`GenerateChunk` per piece produced.
 

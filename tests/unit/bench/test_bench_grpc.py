@@ -106,26 +106,6 @@ async def test_grpc_closed_loop_counts_ok_and_errors_by_status(grpc_server: Grpc
     assert result.ok == 100 - counts["flaky"]
 
 
-async def test_the_raw_grpc_client_counts_like_grpcio_against_a_grpcio_server(
-    grpc_server: GrpcServer,
-) -> None:
-    config = BenchConfig(
-        grpc_target=grpc_server.target,
-        grpc_client="raw",
-        concurrency=(4,),
-        requests=100,
-        warmup_s=0,
-    )
-    [result] = await run_bench(config)
-    counts = grpc_server.servicer.counts
-    assert result.engine == "python/grpc-raw"
-    assert result.requests == 100 == sum(counts.values())
-    assert set(result.requests_by_model) == set(MODELS)
-    assert result.errors == {"UNAVAILABLE": counts["flaky"]}
-    assert result.ok == 100 - counts["flaky"]
-    assert grpc_server.servicer.last["add"].inputs[0].name == "x"
-
-
 async def test_grpc_requests_carry_typed_or_raw_contents(grpc_server: GrpcServer) -> None:
     config = BenchConfig(grpc_target=grpc_server.target, requests=100, warmup_s=0)
     await run_bench(config)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +30,9 @@ from modelyard.frontends.grpc.convert import request_to_proto, response_from_pro
 from modelyard.frontends.grpc.errors import GRPC_STATUS
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
-from modelyard.frontends.grpc.server import start_grpc_server, stop_grpc_server
+from modelyard.frontends.grpc.server import GrpcLimits, start_grpc_server, stop_grpc_server
 from modelyard.frontends.grpc.servicer import DataPlaneProtocol
+from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.protocol.tensors import output_from_array
 from modelyard.protocol.types import (
     InferInput,
@@ -42,6 +44,7 @@ from modelyard.protocol.types import (
 )
 
 MAX_MESSAGE_BYTES = 1 << 20
+LIMITS = GrpcLimits(max_message_bytes=MAX_MESSAGE_BYTES)
 
 
 class FakeDataPlane:
@@ -56,6 +59,8 @@ class FakeDataPlane:
         self.configs: list[object] = []
         self.unloaded: list[str] = []
         self.max_request_elements = 1 << 20
+        self.hold: asyncio.Event | None = None
+        """When set, ``infer`` waits for it (calls kept running)."""
 
     def check_response_bytes(self, size: int) -> None:
         pass
@@ -89,6 +94,8 @@ class FakeDataPlane:
     async def infer(self, request: InferRequest) -> InferResponse:
         self._check(request.model_name)
         self.requests.append(request)
+        if self.hold is not None:
+            await self.hold.wait()
         return InferResponse(
             model_name=request.model_name,
             model_version=request.model_version or "2",
@@ -119,6 +126,16 @@ class FakeDataPlane:
         self._check(name)
         self.unloaded.append(name)
 
+    def is_generative(self, name: str) -> bool:
+        return False  # generative models are tested on a real server (test_stream_infer)
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
+        raise NotSupportedError("no generative model here")
+        yield  # an async generator, as the data plane's
+
+    async def generate_text(self, request: GenerateRequest) -> dict[str, object]:
+        raise NotSupportedError("no generative model here")
+
 
 def _as_protocol(fake: FakeDataPlane) -> DataPlaneProtocol:
     return fake  # the fake is type-checked against the real protocol here
@@ -133,9 +150,7 @@ class Client:
 @pytest.fixture
 async def client() -> AsyncIterator[Client]:
     fake = FakeDataPlane()
-    server, port = await start_grpc_server(
-        _as_protocol(fake), "127.0.0.1", 0, max_message_bytes=MAX_MESSAGE_BYTES
-    )
+    server, port = await start_grpc_server(_as_protocol(fake), "127.0.0.1", 0, LIMITS)
     assert port > 0
     channel = grpc.aio.insecure_channel(
         f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 4 * MAX_MESSAGE_BYTES)]
@@ -321,13 +336,34 @@ async def test_missing_model_name_is_invalid_argument(client: Client) -> None:
 
 
 async def test_port_in_use_is_an_os_error(client: Client) -> None:
-    server, port = await start_grpc_server(
-        _as_protocol(FakeDataPlane()), "127.0.0.1", 0, max_message_bytes=MAX_MESSAGE_BYTES
-    )
+    server, port = await start_grpc_server(_as_protocol(FakeDataPlane()), "127.0.0.1", 0, LIMITS)
     try:
         with pytest.raises(OSError, match=f"127.0.0.1:{port}"):
-            await start_grpc_server(
-                _as_protocol(FakeDataPlane()), "127.0.0.1", port, MAX_MESSAGE_BYTES
-            )
+            await start_grpc_server(_as_protocol(FakeDataPlane()), "127.0.0.1", port, LIMITS)
+    finally:
+        await stop_grpc_server(server, grace_s=0)
+
+
+async def test_calls_beyond_the_buffered_bytes_bound_are_resource_exhausted() -> None:
+    # 2 MiB buffered at most with 1 MiB messages: two calls run at once, whatever
+    # max_concurrent_rpcs says.
+    limits = GrpcLimits(max_message_bytes=1 << 20, max_buffered_bytes=2 << 20)
+    assert limits.concurrent_rpcs == 2
+    fake = FakeDataPlane()
+    fake.hold = asyncio.Event()
+    server, port = await start_grpc_server(_as_protocol(fake), "127.0.0.1", 0, limits)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+            running = [asyncio.ensure_future(stub.ModelInfer(_infer_request())) for _ in range(2)]
+            while len(fake.requests) < 2:
+                await asyncio.sleep(0.01)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(_infer_request())
+            assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            fake.hold.set()
+            for call in running:
+                assert list((await call).outputs[0].shape) == [2, 3]
+            assert list((await stub.ModelInfer(_infer_request())).outputs[0].shape) == [2, 3]
     finally:
         await stop_grpc_server(server, grace_s=0)

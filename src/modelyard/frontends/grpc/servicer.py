@@ -1,21 +1,24 @@
 """The thin gRPC servicer: convert the message, call the data plane, convert back.
 
-Every handler runs inside :func:`_translated`, which turns a :class:`ServerError` into
-an :class:`RpcError` with the status of its code (``errors.GRPC_STATUS``) and anything
-unforeseen into INTERNAL.
+Every unary handler runs inside :func:`_translated`, which turns a :class:`ServerError`
+into the status of its code (``errors.GRPC_STATUS``) and anything unforeseen into
+INTERNAL. ``ModelStreamInfer`` answers each request's error in the stream instead
+(Triton's ``error_message``), so that one bad request does not end the others.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import grpc
 
 from modelyard.errors import (
     DeadlineExceededError,
+    InternalError,
     InvalidInputError,
     NotSupportedError,
     ServerError,
@@ -26,8 +29,14 @@ from modelyard.frontends.grpc.convert import (
     response_to_proto,
 )
 from modelyard.frontends.grpc.errors import grpc_status
+from modelyard.frontends.grpc.generate import (
+    answer_response,
+    chunk_response,
+    generate_request,
+)
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
-from modelyard.frontends.grpc.rpc import RpcContext, RpcError
+from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.protocol.names import check_model_name
 from modelyard.protocol.types import (
     TIMEOUT_HEADER,
@@ -41,7 +50,7 @@ from modelyard.protocol.types import (
 
 log = logging.getLogger(__name__)
 
-Context = RpcContext
+Context = grpc.aio.ServicerContext[Any, Any]
 
 _Self = TypeVar("_Self")
 _Req = TypeVar("_Req")
@@ -77,6 +86,12 @@ class DataPlaneProtocol(Protocol):
 
     def check_response_bytes(self, size: int) -> None: ...
 
+    def is_generative(self, name: str) -> bool: ...
+
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]: ...
+
+    async def generate_text(self, request: GenerateRequest) -> dict[str, object]: ...
+
 
 def _retry_metadata(exc: ServerError) -> tuple[tuple[str, str], ...]:
     retry_after = retry_after_value(exc)
@@ -92,13 +107,13 @@ def _translated(
     async def wrapper(self: _Self, request: _Req, context: Context) -> _Resp:
         try:
             return await handler(self, request, context)
-        except RpcError:
+        except grpc.aio.AbortError:
             raise
         except ServerError as exc:
-            raise RpcError(grpc_status(exc.code), exc.message, _retry_metadata(exc)) from None
+            await context.abort(grpc_status(exc.code), exc.message, _retry_metadata(exc))
         except Exception as exc:
             log.exception("gRPC %s failed with an unexpected error", handler.__name__)
-            raise RpcError(grpc.StatusCode.INTERNAL, f"internal error: {exc}") from None
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
 
     return wrapper
 
@@ -115,6 +130,12 @@ def _client_timeout_s(context: Context) -> float | None:
             raise DeadlineExceededError("the client's deadline passed before the call began")
         timeout_s = earliest(timeout_s, remaining_s)
     return timeout_s
+
+
+def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+    """A stream's answer to one failed request (the stream itself goes on)."""
+    response = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=response)
 
 
 def _version(version: str) -> str | None:
@@ -145,7 +166,7 @@ def _load_config(params: Mapping[str, pb.ModelRepositoryParameter]) -> str | Non
     return config
 
 
-class InferenceServicer:
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` over a protocol-neutral data plane."""
 
     def __init__(self, dataplane: DataPlaneProtocol) -> None:
@@ -206,12 +227,67 @@ class InferenceServicer:
     ) -> pb.ModelInferResponse:
         """Run one inference within the client's deadline: the RPC's own, the ``timeout``
         parameter and ``x-modelyard-timeout-ms`` metadata, whichever ends first."""
-        infer_request = request_from_proto(request, self.dataplane.max_request_elements)
-        infer_request.timeout_s = earliest(infer_request.timeout_s, _client_timeout_s(context))
-        response = await self.dataplane.infer(infer_request)
-        message = response_to_proto(response)
+        return await self._infer(request, _client_timeout_s(context))
+
+    async def _infer(
+        self, request: pb.ModelInferRequest, timeout_s: float | None
+    ) -> pb.ModelInferResponse:
+        """One request answered whole (a generative model's text in one response)."""
+        if self.dataplane.is_generative(request.model_name):
+            gen = generate_request(request, self.dataplane.max_request_elements, timeout_s)
+            message = answer_response(await self.dataplane.generate_text(gen), request.id)
+        else:
+            infer_request = request_from_proto(request, self.dataplane.max_request_elements)
+            infer_request.timeout_s = earliest(infer_request.timeout_s, timeout_s)
+            message = response_to_proto(await self.dataplane.infer(infer_request))
         self.dataplane.check_response_bytes(message.ByteSize())
         return message
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Triton's bidirectional streaming inference: requests are answered in order,
+        one response each, or (generative models) one per piece of text, the last
+        flagged ``triton_final_response``. A request's error is answered in the stream
+        (``error_message``) and the stream goes on."""
+        async for request in request_iterator:
+            try:
+                # Per request: what is left of the stream's deadline, and the metadata's
+                # x-modelyard-timeout-ms as each request's own budget.
+                timeout_s = _client_timeout_s(context)
+                if self.dataplane.is_generative(request.model_name):
+                    # Closed on the way out, also when the client cancels mid-answer:
+                    # that stops the generation in the worker.
+                    pieces = self._generate_stream(request, timeout_s)
+                    async with contextlib.aclosing(pieces):
+                        async for piece in pieces:
+                            yield pb.ModelStreamInferResponse(infer_response=piece)
+                else:
+                    message = await self._infer(request, timeout_s)
+                    yield pb.ModelStreamInferResponse(infer_response=message)
+            except ServerError as exc:
+                yield _stream_error(request, exc.message)
+            except Exception as exc:
+                log.exception("gRPC ModelStreamInfer failed with an unexpected error")
+                yield _stream_error(request, f"internal error: {exc}")
+
+    async def _generate_stream(
+        self, request: pb.ModelInferRequest, timeout_s: float | None
+    ) -> AsyncGenerator[pb.ModelInferResponse, None]:
+        """A generative model's pieces of text, each as a response as soon as it exists,
+        the last (the chunk with a finish reason) flagged final. Closing this generator
+        (the client cancelled the stream) stops generation in the worker."""
+        gen = generate_request(request, self.dataplane.max_request_elements, timeout_s)
+        stream = self.dataplane.generate(gen)
+        try:
+            async for chunk in stream:
+                final = chunk.finish_reason is not None
+                yield chunk_response(chunk, gen.model, request.id, final=final)
+                if final:
+                    return
+            raise InternalError(f"model {gen.model!r} ended its answer without a finish reason")
+        finally:
+            await stream.aclose()
 
     @_translated
     async def RepositoryIndex(
