@@ -8,7 +8,9 @@ model's scheduler, and wraps the outputs. It never touches a worker directly.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncGenerator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,8 +26,10 @@ from modelyard.errors import (
     ServerError,
     hide_paths,
 )
+from modelyard.frontends.classification import read_labels
 from modelyard.frontends.generation import Generation, context_length
 from modelyard.frontends.tensor_checks import select_outputs, validate_inputs
+from modelyard.frontends.triton_config import triton_config
 from modelyard.manager.fallback import (
     FallbackReason,
     allows_fallback,
@@ -33,7 +37,7 @@ from modelyard.manager.fallback import (
     tensor_mismatch,
 )
 from modelyard.manager.manager import ModelManager
-from modelyard.manager.records import ModelRecord
+from modelyard.manager.records import ModelEntry, ModelRecord
 from modelyard.manager.router import Router, check_client_timeout
 from modelyard.manager.states import ModelState
 from modelyard.observability.metrics import OK, Metrics, outcome_code
@@ -51,6 +55,7 @@ from modelyard.protocol.types import (
     earliest,
     header_timeout_s,
 )
+from modelyard.repository.layout import apply_policy
 from modelyard.runtimes.base import TensorSpec
 from modelyard.workers.instance import GenerationCounters
 
@@ -61,7 +66,14 @@ SERVED_BY = "served_by"
 """Response parameter naming the model that answered, set when a fallback did."""
 FALLBACK_REASON = "fallback_reason"
 """Response parameter: why the requested model did not answer (see manager/fallback.py)."""
-EXTENSIONS = ("model_repository", "binary_tensor_data", "schedule_policy", "statistics")
+EXTENSIONS = (
+    "classification",
+    "model_repository",
+    "model_configuration",
+    "binary_tensor_data",
+    "schedule_policy",
+    "statistics",
+)
 
 _PLATFORMS = {
     "onnx": "onnxruntime_onnx",
@@ -74,13 +86,30 @@ _PLATFORMS = {
 
 
 def _tensors(specs: list[TensorSpec]) -> tuple[TensorMetadata, ...]:
-    return tuple(TensorMetadata(s.name, s.datatype, s.shape) for s in specs)
+    return tuple(TensorMetadata(s.name, s.datatype, s.shape, s.optional) for s in specs)
 
 
 def _raw_size(array: np.ndarray) -> int:
     if array.dtype == object:
         return sum(len(v) if isinstance(v, bytes | str) else 8 for v in array.reshape(-1))
     return int(array.nbytes)
+
+
+def _listed_versions(entry: ModelEntry) -> tuple[str, ...]:
+    """The versions model metadata lists: those the version policy serves among the
+    known ones, plus any an alias routes to (a version the policy dropped is left out,
+    even while it waits out its rollback grace period)."""
+    policy = entry.config.version_policy
+    served = {str(v) for v in apply_policy(sorted(int(v) for v in entry.versions), policy)}
+    routed = {v for route in entry.aliases.values() for v in route.versions}
+    return tuple(sorted(served | (routed & entry.versions.keys()), key=int))
+
+
+def _request_rows(request: InferRequest, batched: bool) -> int:
+    """Inferences in a request: its batch size for a batching model, else one."""
+    if not batched or not request.inputs or not request.inputs[0].shape:
+        return 1
+    return request.inputs[0].shape[0]
 
 
 def _load_config(config: object) -> Mapping[str, Any] | None:
@@ -126,6 +155,8 @@ class DataPlane:
         )
         """Text generation for generative models (``llama_cpp``, ``transformers``)."""
         self.generation.is_serving = self.ready
+        self._labels: dict[Path, tuple[str, ...]] = {}
+        """Class labels by version folder, read once (classification extension)."""
 
     def _load_waited(self, record: ModelRecord, seconds: float) -> None:
         if self.metrics is not None:
@@ -158,7 +189,7 @@ class DataPlane:
         info = record.info
         return ModelMetadata(
             name=name,
-            versions=tuple(sorted(entry.versions, key=int)),
+            versions=_listed_versions(entry),
             platform=_PLATFORMS.get(record.config.runtime, record.config.runtime),
             inputs=() if info is None else _tensors(info.inputs),
             outputs=() if info is None else _tensors(info.outputs),
@@ -192,6 +223,42 @@ class DataPlane:
             deadline = None if timeout_s is None else self.clock.monotonic() + timeout_s
             await self.manager.ensure_ready(record, deadline=deadline)
         return self.model_metadata(name, version)
+
+    async def model_config(
+        self, name: str, version: str | None, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """The version's configuration in Triton's ``ModelConfig`` shape (its YAML and
+        tensors; see :mod:`modelyard.frontends.triton_config`), loading it to learn its
+        tensors as :meth:`model_metadata_loaded` does."""
+        meta = await self.model_metadata_loaded(name, version, timeout_s)
+        record = self.manager.resolve(name, check_version_name(version))
+        info = record.info
+        return triton_config(
+            record.config,
+            meta.platform,
+            [] if info is None else info.inputs,
+            [] if info is None else info.outputs,
+            supports_batching=info is not None and info.supports_batching,
+            has_labels=bool(self._labels_of(record)),
+        )
+
+    def statistics(self, name: str | None, version: str | None) -> dict[str, object]:
+        """Triton's statistics extension: ``{"model_stats": [...]}`` for every known
+        version of every model (no ``name``), of one model, or of one version."""
+        if name is None:
+            records = list(self.manager.records())
+        elif version:
+            records = [self.manager.resolve(check_model_name(name), check_version_name(version))]
+        else:
+            records = list(self.manager.entry(check_model_name(name)).versions.values())
+        records.sort(key=lambda r: (r.key.name, int(r.key.version)))
+        return {"model_stats": [r.infer_stats.as_dict(r.key.name, r.key.version) for r in records]}
+
+    def _labels_of(self, record: ModelRecord) -> tuple[str, ...]:
+        labels = self._labels.get(record.path)
+        if labels is None:
+            labels = self._labels[record.path] = read_labels(record.path)
+        return labels
 
     # ------------------------------------------------------------------ inference
 
@@ -316,6 +383,22 @@ class DataPlane:
     async def _infer_on(
         self, record: ModelRecord, request: InferRequest, started: float
     ) -> InferResponse:
+        """:meth:`_run_on`, counted in the version's statistics (success or failure)."""
+        try:
+            response, batched = await self._run_on(record, request, started)
+        except ServerError:
+            record.infer_stats.failed(self.clock.monotonic() - started)
+            raise
+        record.infer_stats.succeeded(
+            _request_rows(request, batched),
+            self.clock.monotonic() - started,
+            int(time.time() * 1000),
+        )
+        return response
+
+    async def _run_on(
+        self, record: ModelRecord, request: InferRequest, started: float
+    ) -> tuple[InferResponse, bool]:
         client_timeout_s = check_client_timeout(request.timeout_s)
         router = self.router
         ready = router.enter_ready(record, started, client_timeout_s)
@@ -335,10 +418,17 @@ class DataPlane:
                 outputs = await route.scheduler.submit(
                     inputs, priority=request.priority, deadline=route.deadline
                 )
+        batched = info.supports_batching
         response = InferResponse(
             model_name=record.key.name,
             model_version=record.key.version,
-            outputs=select_outputs(request, outputs, info.outputs),
+            outputs=select_outputs(
+                request,
+                outputs,
+                info.outputs,
+                batched=batched,
+                labels=lambda: self._labels_of(record),
+            ),
             id=request.id,
         )
         # The raw bytes are a lower bound of any encoding: refuse before encoding them.
@@ -348,7 +438,7 @@ class DataPlane:
             size += _raw_size(array) if array.dtype == object else array.nbytes
         if size > self.max_response_bytes:
             self.check_response_bytes(size)
-        return response
+        return response, batched
 
     def check_response_bytes(self, size: int) -> None:
         """PayloadTooLargeError when a response of ``size`` bytes is over the limit."""

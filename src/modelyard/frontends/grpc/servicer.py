@@ -13,11 +13,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import grpc
+from google.protobuf import json_format
 
 from modelyard.errors import (
     DeadlineExceededError,
     InvalidInputError,
-    NotSupportedError,
     ServerError,
     retry_after_value,
 )
@@ -28,6 +28,7 @@ from modelyard.frontends.grpc.convert import (
 from modelyard.frontends.grpc.errors import grpc_status
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
 from modelyard.frontends.grpc.rpc import RpcContext, RpcError
+from modelyard.protocol.load_parameters import check_load_parameters
 from modelyard.protocol.names import check_model_name
 from modelyard.protocol.types import (
     TIMEOUT_HEADER,
@@ -58,6 +59,12 @@ class DataPlaneProtocol(Protocol):
     def model_ready(self, name: str, version: str | None) -> bool: ...
 
     def server_metadata(self) -> ServerMetadata: ...
+
+    def statistics(self, name: str | None, version: str | None) -> dict[str, object]: ...
+
+    async def model_config(
+        self, name: str, version: str | None, timeout_s: float | None = None
+    ) -> dict[str, Any]: ...
 
     async def model_metadata_loaded(
         self, name: str, version: str | None, timeout_s: float | None = None
@@ -127,15 +134,10 @@ def _model_name(name: str) -> str:
     return check_model_name(name)
 
 
-# Triton's load parameters replace the model's config or files; modelyard loads only
-# what its repository holds, so it refuses them rather than silently ignoring them.
 def _load_config(params: Mapping[str, pb.ModelRepositoryParameter]) -> str | None:
-    """The ``config`` load parameter (a JSON string of model fields), as over REST."""
-    for key in params:
-        if key.startswith("file:"):
-            raise NotSupportedError(
-                f"load parameter {key!r} is not supported; models load from the repository"
-            )
+    """The ``config`` load parameter (a JSON string of model fields), as over REST;
+    ``file:`` parameters are refused by name, as over REST."""
+    check_load_parameters(params)
     if "config" not in params:
         return None
     param = params["config"]
@@ -199,6 +201,26 @@ class InferenceServicer:
         for spec in meta.outputs:
             response.outputs.add(name=spec.name, datatype=spec.datatype, shape=spec.shape)
         return response
+
+    @_translated
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Context
+    ) -> pb.ModelStatisticsResponse:
+        """Triton's statistics extension: every model, one model, or one version."""
+        name = _model_name(request.name) if request.name else None
+        doc = self.dataplane.statistics(name, _version(request.version))
+        return json_format.ParseDict(doc, pb.ModelStatisticsResponse())
+
+    @_translated
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: Context
+    ) -> pb.ModelConfigResponse:
+        """The model version's configuration in Triton's shape (loading it to learn its
+        tensors, within the client's deadline)."""
+        doc = await self.dataplane.model_config(
+            _model_name(request.name), _version(request.version), _client_timeout_s(context)
+        )
+        return pb.ModelConfigResponse(config=json_format.ParseDict(doc, pb.ModelConfig()))
 
     @_translated
     async def ModelInfer(
