@@ -105,7 +105,8 @@ async def _both(
 ) -> Any:
     """Run ``session(http_client, grpc_client)`` against a fresh server, in a thread."""
     async with running_server(_config(repo, tmp_path), grpc=True) as (app, _):
-        assert app.http_port is not None and app.grpc_port is not None
+        assert app.http_port is not None
+        assert app.grpc_port is not None
 
         def run() -> Any:
             http = thttp.InferenceServerClient(f"127.0.0.1:{app.http_port}")
@@ -170,13 +171,16 @@ async def test_statistics_extension_on_both_transports(repo: Path, tmp_path: Pat
         ("scores", "1"),
         ("strcast", "1"),
     }
-    assert stat["name"] == "scores" and stat["version"] == "1"
+    assert stat["name"] == "scores"
+    assert stat["version"] == "1"
     stats = stat["inference_stats"]
-    assert stats["success"]["count"] == 3 and stats["success"]["ns"] > 0
+    assert stats["success"]["count"] == 3
+    assert stats["success"]["ns"] > 0
     assert stats["fail"]["count"] == 1
     assert stat["inference_count"] == 2 + 2 + 1  # batch rows of the successful requests
     assert stats["queue"]["count"] == 3
-    assert stats["compute_infer"]["count"] == 3 and stats["compute_infer"]["ns"] > 0
+    assert stats["compute_infer"]["count"] == 3
+    assert stats["compute_infer"]["ns"] > 0
     assert 1 <= stat["execution_count"] <= 3
     assert sum(b["compute_infer"]["count"] for b in stat["batch_stats"]) == stat["execution_count"]
     assert {b["batch_size"] for b in stat["batch_stats"]} <= {1, 2, 3, 4, 5}
@@ -197,7 +201,8 @@ async def test_stats_routes_leave_the_servers_own_stats_route(repo: Path, tmp_pa
         missing = await client.get("/v2/models/nope/versions/1/stats")
     assert models.status_code == 200
     assert [s["name"] for s in models.json()["model_stats"]] == ["biased", "scores", "strcast"]
-    assert own.status_code == 200 and "model_stats" not in own.json()
+    assert own.status_code == 200
+    assert "model_stats" not in own.json()
     assert missing.status_code == 404
 
 
@@ -252,7 +257,8 @@ async def test_model_configuration_on_both_transports(repo: Path, tmp_path: Path
     assert grpc_config["output"][0]["label_filename"] == "labels.txt"
     # A fixed-shape input (the optional bias) means no batching: full dims, batch size 0.
     biased = seen["http-biased"]
-    assert biased["max_batch_size"] == 0 and "dynamic_batching" not in biased
+    assert biased["max_batch_size"] == 0
+    assert "dynamic_batching" not in biased
     assert biased["input"] == [
         {"name": "x", "data_type": "TYPE_FP32", "dims": [-1, 4], "optional": False},
         {"name": "bias", "data_type": "TYPE_FP32", "dims": [4], "optional": True},
@@ -297,7 +303,8 @@ async def test_raw_binary_request_and_the_binary_extension(repo: Path, tmp_path:
     assert text.status_code == 200, text.text
     assert text.json()["outputs"][0]["data"] == [2.5]
     assert ragged.status_code == 400
-    assert "FP32" in ragged.json()["error"] and "'x'" in ragged.json()["error"]
+    assert "FP32" in ragged.json()["error"]
+    assert "'x'" in ragged.json()["error"]
     # ``biased`` has one required input: the raw body is it, the optional one keeps its default.
     assert two.status_code == 200, two.text
     np.testing.assert_allclose(two.json()["outputs"][0]["data"], (X + BIAS).reshape(-1))
@@ -372,9 +379,12 @@ async def test_string_cast_model_loads_and_bytes_edge_cases(repo: Path, tmp_path
         assert seen[key].shape == (0,), key
     np.testing.assert_array_equal(seen["grpc-numbers"], [1.25, 3.0])
     status, message = seen["http-bad"]
-    assert status == "400" and "'text'" in message and "UTF-8" in message
+    assert status == "400"
+    assert "'text'" in message
+    assert "UTF-8" in message
     code, message = seen["grpc-bad"]
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "'text'" in message
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'text'" in message
 
 
 # ---------------------------------------------------------------------- classification
@@ -457,7 +467,8 @@ async def test_optional_input_may_be_left_out(repo: Path, tmp_path: Path) -> Non
     np.testing.assert_allclose(seen["http-given"], X + other)
     np.testing.assert_allclose(seen["grpc-given"], X + other)
     status, message = seen["missing-required"]
-    assert status == "400" and "needs input(s) x" in message
+    assert status == "400"
+    assert "needs input(s) x" in message
 
 
 # ---------------------------------------------------------------------- file: load parameters
@@ -476,9 +487,11 @@ async def test_file_load_parameters_are_refused_by_name(repo: Path, tmp_path: Pa
 
     seen = await _both(repo, tmp_path, session)
     status, message = seen["http"]
-    assert status == "400" and "'file:1/model.onnx'" in message
+    assert status == "400"
+    assert "'file:1/model.onnx'" in message
     code, message = seen["grpc"]
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "'file:1/model.onnx'" in message
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'file:1/model.onnx'" in message
     np.testing.assert_array_equal(seen["still"], X)
 
 

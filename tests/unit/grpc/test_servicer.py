@@ -305,12 +305,13 @@ async def test_load_passes_a_config_override_on(client: Client) -> None:
     assert client.fake.configs == ['{"max_batch_size": 4}']
 
 
-async def test_load_with_file_parameters_is_unimplemented(client: Client) -> None:
+async def test_load_with_file_parameters_is_refused_by_name(client: Client) -> None:
     msg = pb.RepositoryModelLoadRequest(model_name="echo")
     msg.parameters["file:1/model.onnx"].bytes_param = b"..."
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await client.stub.RepositoryModelLoad(msg)
-    assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "'file:1/model.onnx'" in (info.value.details() or "")
     assert client.fake.loaded == []
 
 
