@@ -293,7 +293,8 @@ async def test_raw_binary_request_and_the_binary_extension(repo: Path, tmp_path:
                 outputs=[thttp.InferRequestedOutput("value", binary_data=True)],
             )
             http.close()
-            return result.as_numpy("value")
+            value: np.ndarray = result.as_numpy("value")
+            return value
 
         binary = await asyncio.to_thread(binary_session)
     assert floats.status_code == 200, floats.text
@@ -327,7 +328,8 @@ async def test_priority_and_timeout_zero_mean_the_default(repo: Path, tmp_path: 
         message.parameters["priority"].uint64_param = 0
         message.parameters["timeout"].int64_param = 0
         async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
-            reply = await pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(message)
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+            reply = await stub.ModelInfer(message)
 
         def stock() -> np.ndarray:
             http = thttp.InferenceServerClient(f"127.0.0.1:{app.http_port}")
@@ -523,7 +525,7 @@ async def test_poll_mode_metadata_drops_a_version_the_policy_dropped(tmp_path: P
             await asyncio.sleep(0.1)
         rest = (await client.get("/v2/models/add")).json()["versions"]
         async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
             reply = await stub.ModelMetadata(pb.ModelMetadataRequest(name="add"))
     assert before == ["1"]
     assert rest == ["2"]

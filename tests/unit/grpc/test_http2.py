@@ -81,6 +81,14 @@ class Plane:
     async def unload(self, name: str) -> None:
         pass
 
+    def statistics(self, name: str | None, version: str | None) -> dict[str, object]:
+        return {"model_stats": []}
+
+    async def model_config(
+        self, name: str, version: str | None, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        return {}
+
     def check_response_bytes(self, size: int) -> None:
         pass
 

@@ -119,6 +119,17 @@ class FakeDataPlane:
         self._check(name)
         self.unloaded.append(name)
 
+    def statistics(self, name: str | None, version: str | None) -> dict[str, object]:
+        if name is not None:
+            self._check(name)
+        return {"model_stats": []}
+
+    async def model_config(
+        self, name: str, version: str | None, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        self._check(name)
+        return {"name": name}
+
 
 def _as_protocol(fake: FakeDataPlane) -> DataPlaneProtocol:
     return fake  # the fake is type-checked against the real protocol here
