@@ -241,6 +241,14 @@ GRPC_CALLS: dict[str, tuple[str, GrpcCall]] = {
         "data",
         lambda s, md: s.ModelReady(pb.ModelReadyRequest(name="add"), metadata=md),
     ),
+    "ModelStatistics": (
+        "data",
+        lambda s, md: s.ModelStatistics(pb.ModelStatisticsRequest(name="add"), metadata=md),
+    ),
+    "ModelConfig": (
+        "data",
+        lambda s, md: s.ModelConfig(pb.ModelConfigRequest(name="add"), metadata=md),
+    ),
     "RepositoryIndex": (
         "management",
         lambda s, md: s.RepositoryIndex(pb.RepositoryIndexRequest(), metadata=md),

@@ -19,6 +19,8 @@ GRPC_PLANES: dict[str, Plane] = {
     "ModelReady": Plane.DATA,
     "ModelMetadata": Plane.DATA,
     "ModelInfer": Plane.DATA,
+    "ModelConfig": Plane.DATA,
+    "ModelStatistics": Plane.DATA,
     "RepositoryIndex": Plane.MANAGEMENT,
     "RepositoryModelLoad": Plane.MANAGEMENT,
     "RepositoryModelUnload": Plane.MANAGEMENT,
