@@ -58,6 +58,20 @@ def read_labels(version_dir: Path) -> tuple[str, ...]:
     return ()
 
 
+class LabelCache:
+    """Labels by version folder, each read once (:func:`read_labels`)."""
+
+    def __init__(self) -> None:
+        self._by_folder: dict[Path, tuple[str, ...]] = {}
+
+    def get(self, version_dir: Path) -> tuple[str, ...]:
+        """The labels of the version in ``version_dir`` (empty: none)."""
+        labels = self._by_folder.get(version_dir)
+        if labels is None:
+            labels = self._by_folder[version_dir] = read_labels(version_dir)
+        return labels
+
+
 def _top_k(scores: np.ndarray, k: int, labels: tuple[str, ...]) -> list[bytes]:
     # Stable sort on the negated scores: equal scores keep their class order.
     order = np.argsort(-scores, kind="stable")[:k]

@@ -7,10 +7,9 @@ model's scheduler, and wraps the outputs. It never touches a worker directly.
 
 from __future__ import annotations
 
+import functools
 import logging
-import time
 from collections.abc import AsyncGenerator, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,15 +19,14 @@ from modelyard.clock import Clock
 from modelyard.config.limits import LimitsConfig
 from modelyard.errors import (
     DeadlineExceededError,
-    InvalidInputError,
     ModelNotReadyError,
     PayloadTooLargeError,
     ServerError,
-    hide_paths,
 )
-from modelyard.frontends.classification import read_labels
+from modelyard.frontends.classification import LabelCache
 from modelyard.frontends.generation import Generation, context_length
-from modelyard.frontends.tensor_checks import select_outputs, validate_inputs
+from modelyard.frontends.model_views import listed_versions, model_statistics, repository_rows
+from modelyard.frontends.tensor_checks import request_rows, select_outputs, validate_inputs
 from modelyard.frontends.triton_config import triton_config
 from modelyard.manager.fallback import (
     FallbackReason,
@@ -37,13 +35,12 @@ from modelyard.manager.fallback import (
     tensor_mismatch,
 )
 from modelyard.manager.manager import ModelManager
-from modelyard.manager.records import ModelEntry, ModelRecord
+from modelyard.manager.records import ModelRecord
 from modelyard.manager.router import Router, check_client_timeout
-from modelyard.manager.states import ModelState
 from modelyard.observability.metrics import OK, Metrics, outcome_code
-from modelyard.protocol.documents import json_object
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.protocol.limits import count_elements
+from modelyard.protocol.load_parameters import load_config
 from modelyard.protocol.names import check_model_name, check_version_name
 from modelyard.protocol.predict import predict_answer, predict_call, predict_inputs
 from modelyard.protocol.types import (
@@ -55,7 +52,6 @@ from modelyard.protocol.types import (
     earliest,
     header_timeout_s,
 )
-from modelyard.repository.layout import apply_policy
 from modelyard.runtimes.base import TensorSpec
 from modelyard.workers.instance import GenerationCounters
 
@@ -95,37 +91,6 @@ def _raw_size(array: np.ndarray) -> int:
     return int(array.nbytes)
 
 
-def _listed_versions(entry: ModelEntry) -> tuple[str, ...]:
-    """The versions model metadata lists: those the version policy serves among the
-    known ones, plus any an alias routes to (a version the policy dropped is left out,
-    even while it waits out its rollback grace period)."""
-    policy = entry.config.version_policy
-    served = {str(v) for v in apply_policy(sorted(int(v) for v in entry.versions), policy)}
-    routed = {v for route in entry.aliases.values() for v in route.versions}
-    return tuple(sorted(served | (routed & entry.versions.keys()), key=int))
-
-
-def _request_rows(request: InferRequest, batched: bool) -> int:
-    """Inferences in a request: its batch size for a batching model, else one."""
-    if not batched or not request.inputs or not request.inputs[0].shape:
-        return 1
-    return request.inputs[0].shape[0]
-
-
-def _load_config(config: object) -> Mapping[str, Any] | None:
-    if config is None:
-        return None
-    if isinstance(config, str | bytes):
-        text = config.encode() if isinstance(config, str) else config
-        try:
-            return json_object(text, allow_empty=False)
-        except InvalidInputError as exc:
-            raise InvalidInputError(f"load parameter 'config': {exc.message}") from None
-    if not isinstance(config, Mapping):
-        raise InvalidInputError("load parameter 'config' must be a JSON object of model fields")
-    return config
-
-
 class DataPlane:
     """Health, metadata, inference and repository verbs, whatever the transport."""
 
@@ -155,7 +120,7 @@ class DataPlane:
         )
         """Text generation for generative models (``llama_cpp``, ``transformers``)."""
         self.generation.is_serving = self.ready
-        self._labels: dict[Path, tuple[str, ...]] = {}
+        self.labels = LabelCache()
         """Class labels by version folder, read once (classification extension)."""
 
     def _load_waited(self, record: ModelRecord, seconds: float) -> None:
@@ -189,7 +154,7 @@ class DataPlane:
         info = record.info
         return ModelMetadata(
             name=name,
-            versions=_listed_versions(entry),
+            versions=listed_versions(entry),
             platform=_PLATFORMS.get(record.config.runtime, record.config.runtime),
             inputs=() if info is None else _tensors(info.inputs),
             outputs=() if info is None else _tensors(info.outputs),
@@ -232,33 +197,11 @@ class DataPlane:
         tensors as :meth:`model_metadata_loaded` does."""
         meta = await self.model_metadata_loaded(name, version, timeout_s)
         record = self.manager.resolve(name, check_version_name(version))
-        info = record.info
-        return triton_config(
-            record.config,
-            meta.platform,
-            [] if info is None else info.inputs,
-            [] if info is None else info.outputs,
-            supports_batching=info is not None and info.supports_batching,
-            has_labels=bool(self._labels_of(record)),
-        )
+        return triton_config(record.config, meta, record.info, bool(self.labels.get(record.path)))
 
     def statistics(self, name: str | None, version: str | None) -> dict[str, object]:
-        """Triton's statistics extension: ``{"model_stats": [...]}`` for every known
-        version of every model (no ``name``), of one model, or of one version."""
-        if name is None:
-            records = list(self.manager.records())
-        elif version:
-            records = [self.manager.resolve(check_model_name(name), check_version_name(version))]
-        else:
-            records = list(self.manager.entry(check_model_name(name)).versions.values())
-        records.sort(key=lambda r: (r.key.name, int(r.key.version)))
-        return {"model_stats": [r.infer_stats.as_dict(r.key.name, r.key.version) for r in records]}
-
-    def _labels_of(self, record: ModelRecord) -> tuple[str, ...]:
-        labels = self._labels.get(record.path)
-        if labels is None:
-            labels = self._labels[record.path] = read_labels(record.path)
-        return labels
+        """Triton's statistics extension (see :func:`~.model_views.model_statistics`)."""
+        return model_statistics(self.manager, name, version)
 
     # ------------------------------------------------------------------ inference
 
@@ -389,11 +332,8 @@ class DataPlane:
         except ServerError:
             record.infer_stats.failed(self.clock.monotonic() - started)
             raise
-        record.infer_stats.succeeded(
-            _request_rows(request, batched),
-            self.clock.monotonic() - started,
-            int(time.time() * 1000),
-        )
+        elapsed_s = self.clock.monotonic() - started
+        record.infer_stats.succeeded(request_rows(request, batched), elapsed_s)
         return response
 
     async def _run_on(
@@ -427,7 +367,7 @@ class DataPlane:
                 outputs,
                 info.outputs,
                 batched=batched,
-                labels=lambda: self._labels_of(record),
+                labels=functools.partial(self.labels.get, record.path),
             ),
             id=request.id,
         )
@@ -482,34 +422,7 @@ class DataPlane:
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         """``[{"name", "version", "state", "reason"}]`` for every known version."""
-        rows: list[dict[str, Any]] = []
-        for record in self.manager.records():
-            if ready_only and not record.is_ready:
-                continue
-            state = record.state
-            if state is ModelState.READY and not record.is_ready:
-                state = ModelState.LOADING
-            rows.append(
-                {
-                    "name": record.key.name,
-                    "version": record.key.version,
-                    "state": state.value,
-                    "reason": hide_paths(record.reason),
-                }
-            )
-        if not ready_only:
-            # A configured model with no version to serve is listed, not hidden.
-            rows += [
-                {
-                    "name": entry.config.name,
-                    "version": "",
-                    "state": ModelState.FAILED.value,
-                    "reason": self.manager.missing_reason(entry),
-                }
-                for entry in self.manager.entries.values()
-                if not entry.versions
-            ]
-        return rows
+        return repository_rows(self.manager, ready_only)
 
     async def load(self, name: str, config: object = None) -> None:
         """Load the model's default version (repository extension); ModelNotReadyError
@@ -520,7 +433,7 @@ class DataPlane:
         folder the configuration does not list, or reconfigures an unloaded one.
         """
         name = check_model_name(name)
-        await self.manager.load(name, config=_load_config(config))
+        await self.manager.load(name, config=load_config(config))
         # Both front ends answer a load only once the model serves: a load that returned
         # without a ready default version is the client's 503, not a silent success.
         if not self.model_ready(name, None):

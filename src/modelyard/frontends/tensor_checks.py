@@ -152,3 +152,10 @@ def select_outputs(
         return result
     result = [output_from_array(s.name, outputs[s.name]) for s in specs if s.name in outputs]
     return result or [output_from_array(name, array) for name, array in outputs.items()]
+
+
+def request_rows(request: InferRequest, batched: bool) -> int:
+    """Inferences in a request: its batch size for a batching model, else one."""
+    if not batched or not request.inputs or not request.inputs[0].shape:
+        return 1
+    return request.inputs[0].shape[0]

@@ -19,7 +19,9 @@ from typing import Any
 
 from modelyard.config.model_config import ModelConfig, VersionPolicy
 from modelyard.frontends.classification import LABELS_FILE
+from modelyard.protocol.types import ModelMetadata
 from modelyard.runtimes.base import TensorSpec
+from modelyard.workers.instance import InstanceInfo
 
 BACKENDS = {
     "onnx": "onnxruntime",
@@ -50,19 +52,16 @@ def _dims(spec: TensorSpec, batched: bool) -> list[int]:
 
 
 def triton_config(
-    config: ModelConfig,
-    platform: str,
-    inputs: list[TensorSpec],
-    outputs: list[TensorSpec],
-    *,
-    supports_batching: bool,
-    has_labels: bool,
+    config: ModelConfig, meta: ModelMetadata, info: InstanceInfo | None, has_labels: bool
 ) -> dict[str, Any]:
-    """The ``ModelConfig`` of one model version as a dict of its proto field names."""
-    batched = supports_batching and config.max_batch_size > 0
+    """The ``ModelConfig`` of one model version as a dict of its proto field names:
+    ``meta`` gives its platform, ``info`` (None: never loaded) its tensors."""
+    inputs = [] if info is None else info.inputs
+    outputs = [] if info is None else info.outputs
+    batched = info is not None and info.supports_batching and config.max_batch_size > 0
     doc: dict[str, Any] = {
         "name": config.name,
-        "platform": platform,
+        "platform": meta.platform,
         "backend": BACKENDS.get(config.runtime, config.runtime),
         "version_policy": _version_policy(config.version_policy),
         "max_batch_size": config.max_batch_size if batched else 0,

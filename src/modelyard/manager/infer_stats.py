@@ -13,6 +13,7 @@ time is inside ``compute_infer``.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 
@@ -60,11 +61,11 @@ class InferStats:
     compute_output: Duration = field(default_factory=Duration)
     batches: dict[int, BatchStats] = field(default_factory=dict)
 
-    def succeeded(self, rows: int, seconds: float, now_ms: int) -> None:
-        """A request of ``rows`` inferences answered after ``seconds``, at ``now_ms``."""
+    def succeeded(self, rows: int, seconds: float) -> None:
+        """A request of ``rows`` inferences answered after ``seconds``, now."""
         self.success.add(seconds)
         self.inference_count += rows
-        self.last_inference_ms = now_ms
+        self.last_inference_ms = int(time.time() * 1000)
 
     def failed(self, seconds: float) -> None:
         """A request that failed after ``seconds``."""
