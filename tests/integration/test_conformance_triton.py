@@ -373,12 +373,22 @@ async def test_string_cast_model_loads_and_bytes_edge_cases(repo: Path, tmp_path
         seen["grpc-bad"] = _grpc_error(
             lambda: rpc.infer("strcast", [_grpc_input("text", bad, "BYTES")])
         )
+        # Zero rows of a numeric input, through a batching model, with timeout 0.
+        rows = np.zeros((0, 4), dtype=np.float32)
+        seen["http-zero-rows"] = http.infer(
+            "scores", [_http_input("x", rows, "FP32", True)], timeout=0
+        ).as_numpy("probs")
+        seen["grpc-zero-rows"] = rpc.infer(
+            "scores", [_grpc_input("x", rows, "FP32")], timeout=0
+        ).as_numpy("probs")
         return seen
 
     seen = await _both(repo, tmp_path, session)
     assert seen["ready"] is True
     for key in ("http-empty-True", "http-empty-False", "grpc-empty"):
         assert seen[key].shape == (0,), key
+    assert seen["http-zero-rows"].shape == (0, 4)
+    assert seen["grpc-zero-rows"].shape == (0, 4)
     np.testing.assert_array_equal(seen["grpc-numbers"], [1.25, 3.0])
     status, message = seen["http-bad"]
     assert status == "400"
