@@ -4,16 +4,18 @@ Each test drives a real server (real worker processes, ONNX models built here) w
 ``tritonclient.http`` and ``tritonclient.grpc`` unchanged, on both transports where the
 point exists on both: statistics, model configuration, the raw binary request,
 ``priority``/``timeout`` 0, string-casting models, zero-element and non-UTF-8 BYTES,
-classification, optional inputs, ``file:`` load parameters, and the versions model
-metadata lists in poll mode. Written for modelyard; no test is copied from Triton.
+classification, optional inputs, ``file:`` load parameters, the versions model
+metadata lists in poll mode, and the logging extension. Written for modelyard; no
+test is copied from Triton.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -540,3 +542,44 @@ async def test_poll_mode_metadata_drops_a_version_the_policy_dropped(tmp_path: P
     assert before == ["1"]
     assert rest == ["2"]
     assert list(reply.versions) == ["2"]
+
+
+# ---------------------------------------------------------------------- logging extension
+
+
+@pytest.fixture
+def root_logger_restored() -> Iterator[None]:
+    """The server changes the process's root logger (it runs in this process): undo it."""
+    root = logging.getLogger()
+    level, filters = root.level, {h: list(h.filters) for h in root.handlers}
+    yield
+    root.setLevel(level)
+    for handler, kept in filters.items():
+        handler.filters[:] = kept
+
+
+@pytest.mark.usefixtures("root_logger_restored")
+async def test_logging_extension_on_both_transports(repo: Path, tmp_path: Path) -> None:
+    def session(http: thttp.InferenceServerClient, rpc: tgrpc.InferenceServerClient) -> Any:
+        return {
+            "before": http.get_log_settings(),
+            "http-set": http.update_log_settings({"log_info": False, "log_verbose_level": 1}),
+            "grpc-read": _ints(rpc.get_log_settings(as_json=True)),
+            "grpc-set": _ints(rpc.update_log_settings({"log_format": "ISO8601"}, as_json=True)),
+            "http-file": _http_error(lambda: http.update_log_settings({"log_file": "x.log"})),
+            "grpc-file": _grpc_error(lambda: rpc.update_log_settings({"log_file": "x.log"})),
+            "after": http.get_log_settings(),
+        }
+
+    seen = await _both(repo, tmp_path, session)
+    assert seen["before"]["log_info"] is True
+    assert seen["before"]["log_file"] == ""
+    assert seen["http-set"]["log_info"] is False
+    assert seen["http-set"]["log_verbose_level"] == 1
+    assert seen["grpc-read"]["settings"]["log_verbose_level"] == {"uint32_param": 1}
+    assert seen["grpc-set"]["settings"]["log_format"] == {"string_param": "ISO8601"}
+    assert seen["http-file"][0] == "400"
+    assert "'log_file'" in seen["http-file"][1]
+    assert seen["grpc-file"][0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert seen["after"]["log_format"] == "ISO8601"
+    assert seen["after"]["log_info"] is False

@@ -37,6 +37,7 @@ from modelyard.manager.fallback import (
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.router import Router, check_client_timeout
+from modelyard.observability.log_settings import LogSettings
 from modelyard.observability.metrics import OK, Metrics, outcome_code
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.protocol.limits import count_elements
@@ -64,6 +65,7 @@ FALLBACK_REASON = "fallback_reason"
 """Response parameter: why the requested model did not answer (see manager/fallback.py)."""
 EXTENSIONS = (
     "classification",
+    "logging",
     "model_repository",
     "model_configuration",
     "binary_tensor_data",
@@ -121,6 +123,8 @@ class DataPlane:
         """Text generation for generative models (``llama_cpp``, ``transformers``)."""
         self.generation.is_serving = self.ready
         self.labels = LabelCache()
+        self.log_settings = LogSettings()
+        """Triton's logging extension over the process's root logger (management)."""
         """Class labels by version folder, read once (classification extension)."""
 
     def _load_waited(self, record: ModelRecord, seconds: float) -> None:

@@ -21,6 +21,7 @@ from modelyard.frontends.grpc.convert import request_to_proto, response_from_pro
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from modelyard.frontends.grpc.server import start_grpc_server, stop_grpc_server
+from modelyard.observability.log_settings import LogSettings
 from modelyard.protocol.types import (
     InferInput,
     InferOutput,
@@ -51,6 +52,8 @@ class Plane:
 
     def model_ready(self, name: str, version: str | None) -> bool:
         return True
+
+    log_settings = LogSettings()
 
     def server_metadata(self) -> ServerMetadata:
         return ServerMetadata("modelyard", "0", ())

@@ -31,6 +31,7 @@ from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from modelyard.frontends.grpc.server import start_grpc_server, stop_grpc_server
 from modelyard.frontends.grpc.servicer import DataPlaneProtocol
+from modelyard.observability.log_settings import LogSettings
 from modelyard.protocol.tensors import output_from_array
 from modelyard.protocol.types import (
     InferInput,
@@ -75,6 +76,8 @@ class FakeDataPlane:
     def model_ready(self, name: str, version: str | None) -> bool:
         self._check(name)
         return name in self.ready_models
+
+    log_settings = LogSettings()
 
     def server_metadata(self) -> ServerMetadata:
         return ServerMetadata("modelyard", "0.1.0", ("model_repository",))

@@ -28,6 +28,7 @@ from modelyard.frontends.grpc.convert import (
 from modelyard.frontends.grpc.errors import grpc_status
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
 from modelyard.frontends.grpc.rpc import RpcContext, RpcError
+from modelyard.observability.log_settings import LogSettings as LogSettingsView
 from modelyard.protocol.load_parameters import check_load_parameters
 from modelyard.protocol.names import check_model_name
 from modelyard.protocol.types import (
@@ -59,6 +60,9 @@ class DataPlaneProtocol(Protocol):
     def model_ready(self, name: str, version: str | None) -> bool: ...
 
     def server_metadata(self) -> ServerMetadata: ...
+
+    @property
+    def log_settings(self) -> LogSettingsView: ...
 
     def statistics(self, name: str | None, version: str | None) -> dict[str, object]: ...
 
@@ -221,6 +225,28 @@ class InferenceServicer:
             _model_name(request.name), _version(request.version), _client_timeout_s(context)
         )
         return pb.ModelConfigResponse(config=json_format.ParseDict(doc, pb.ModelConfig()))
+
+    @_translated
+    async def LogSettings(
+        self, request: pb.LogSettingsRequest, context: Context
+    ) -> pb.LogSettingsResponse:
+        """Triton's logging extension: change the settings given, answer them all."""
+        changes = {}
+        for key, value in request.settings.items():
+            choice = value.WhichOneof("parameter_choice")
+            if choice is None:
+                raise InvalidInputError(f"log setting {key!r} has no value")
+            changes[key] = getattr(value, choice)
+        response = pb.LogSettingsResponse()
+        for key, setting in self.dataplane.log_settings.update(changes).items():
+            target = response.settings[key]
+            if isinstance(setting, bool):
+                target.bool_param = setting
+            elif isinstance(setting, int):
+                target.uint32_param = setting
+            else:
+                target.string_param = str(setting)
+        return response
 
     @_translated
     async def ModelInfer(

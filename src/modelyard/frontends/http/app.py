@@ -83,6 +83,14 @@ class RestApi:
         p = request.path_params
         return json_response(self.dp.statistics(p.get("model"), p.get("version")))
 
+    async def logging_settings(self, request: Request) -> Response:
+        """``GET /v2/logging`` reads, ``POST /v2/logging {settings}`` changes (Triton's
+        logging extension; management plane)."""
+        settings = self.dp.log_settings
+        if request.method == "GET":
+            return json_response(settings.as_dict())
+        return json_response(settings.update(await self._json_body(request)))
+
     # ------------------------------------------------------------------ inference
 
     async def predict(self, request: Request) -> Response:
@@ -152,6 +160,7 @@ class RestApi:
             Route(m + "/generate_stream", self.generate.generate_stream, methods=["POST"]),
             Route(mv + "/generate_stream", self.generate.generate_stream, methods=["POST"]),
             Route("/predict", g(self.predict), methods=["POST"]),
+            Route("/v2/logging", g(self.logging_settings), methods=["GET", "POST"]),
             Route("/v2/repository/index", g(self.repository_index), methods=["POST"]),
             Route("/v2/repository/models/{model}/load", g(self.repository_load), methods=["POST"]),
             Route(
