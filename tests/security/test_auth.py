@@ -249,6 +249,10 @@ GRPC_CALLS: dict[str, tuple[str, GrpcCall]] = {
         "data",
         lambda s, md: s.ModelConfig(pb.ModelConfigRequest(name="add"), metadata=md),
     ),
+    "LogSettings": (
+        "management",
+        lambda s, md: s.LogSettings(pb.LogSettingsRequest(), metadata=md),
+    ),
     "RepositoryIndex": (
         "management",
         lambda s, md: s.RepositoryIndex(pb.RepositoryIndexRequest(), metadata=md),

@@ -24,6 +24,7 @@ GRPC_PLANES: dict[str, Plane] = {
     "RepositoryIndex": Plane.MANAGEMENT,
     "RepositoryModelLoad": Plane.MANAGEMENT,
     "RepositoryModelUnload": Plane.MANAGEMENT,
+    "LogSettings": Plane.MANAGEMENT,
 }
 """The plane of each RPC of the inference service."""
 
