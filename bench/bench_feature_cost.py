@@ -19,7 +19,10 @@ compared with the all-on phases of the same run. The switched-off pieces:
 * **metrics**: ``Metrics.request_done`` does nothing (no histograms or counters);
 * **admission estimate**: the scheduler's early refusal (``_refusal``) and the arrival
   record it reads (``_note_arrival``) do nothing;
-* **input checks**: ``validate_inputs`` passes the decoded arrays on unchecked.
+* **input checks**: ``validate_inputs`` passes the decoded arrays on unchecked;
+* **inference statistics** (Triton's statistics extension): ``DataPlane._infer_on``
+  runs the request without counting it (no clock reads, no outcome counters) and the
+  scheduler's batch hook counts nothing in ``InferStats``.
 
 This measures; it is not a configuration: none of these can be switched off in the
 server, and the numbers say what making each cheaper could win at most.
@@ -43,7 +46,9 @@ from profile_hot_path import BODY, _config, _model, _requests
 import modelyard.frontends.dataplane as dataplane_module
 from modelyard.app import App
 from modelyard.config.settings import load_settings
+from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.fastpath import InferHandler
+from modelyard.manager.infer_stats import InferStats
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord
 from modelyard.observability.metrics import Metrics
@@ -63,6 +68,11 @@ def _nothing(*_args: object, **_kwargs: object) -> None:
     return None
 
 
+async def _uncounted(self: DataPlane, record: ModelRecord, request: Any, started: float) -> Any:
+    response, _ = await self._run_on(record, request, started)
+    return response
+
+
 PATCHES: dict[str, list[tuple[object, str, Callable[..., Any]]]] = {
     "cache learning": [(ModelManager, "touch", _touch_lru_only)],
     "metrics": [(Metrics, "request_done", _nothing)],
@@ -71,13 +81,17 @@ PATCHES: dict[str, list[tuple[object, str, Callable[..., Any]]]] = {
         (SchedulerCore, "_note_arrival", _nothing),
     ],
     "input checks": [(dataplane_module, "validate_inputs", _unchecked)],
+    "inference statistics": [
+        (DataPlane, "_infer_on", _uncounted),
+        (InferStats, "executed", _nothing),
+    ],
 }
-VARIANTS = ["all on", *PATCHES, "all four off"]
+VARIANTS = ["all on", *PATCHES, "all off"]
 
 
 @contextmanager
 def _off(variant: str) -> Iterator[None]:
-    names = list(PATCHES) if variant == "all four off" else [variant] if variant in PATCHES else []
+    names = list(PATCHES) if variant == "all off" else [variant] if variant in PATCHES else []
     with ExitStack() as stack:
         for name in names:
             for owner, attr, replacement in PATCHES[name]:
@@ -140,7 +154,7 @@ def report(results: dict[str, Any]) -> str:
             )
             rows.append(
                 [
-                    variant if variant in ("all on", "all four off") else f"without {variant}",
+                    variant if variant in ("all on", "all off") else f"without {variant}",
                     f"{med:.0f}",
                     "-" if variant == "all on" else f"{saved:.0f}",
                     "-" if variant == "all on" else f"{saved / base:.0%}",

@@ -152,6 +152,7 @@ class App:
 
         def on_batch(rows: int, queue_waits_s: list[float], compute_s: float) -> None:
             metrics_hook(rows, queue_waits_s, compute_s)
+            record.infer_stats.executed(rows, queue_waits_s, compute_s)
             if queue_waits_s:  # the scaler reads the longest wait since its last look
                 record.queue_wait_s = max(record.queue_wait_s, max(queue_waits_s))
 

@@ -252,6 +252,18 @@ GRPC_CALLS: dict[str, tuple[str, GrpcCall]] = {
         "data",
         lambda s, md: s.ModelReady(pb.ModelReadyRequest(name="add"), metadata=md),
     ),
+    "ModelStatistics": (
+        "data",
+        lambda s, md: s.ModelStatistics(pb.ModelStatisticsRequest(name="add"), metadata=md),
+    ),
+    "ModelConfig": (
+        "data",
+        lambda s, md: s.ModelConfig(pb.ModelConfigRequest(name="add"), metadata=md),
+    ),
+    "LogSettings": (
+        "management",
+        lambda s, md: s.LogSettings(pb.LogSettingsRequest(), metadata=md),
+    ),
     "RepositoryIndex": (
         "management",
         lambda s, md: s.RepositoryIndex(pb.RepositoryIndexRequest(), metadata=md),

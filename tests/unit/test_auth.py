@@ -151,7 +151,9 @@ def test_every_rest_route_is_classified_as_intended(tmp_path: Path) -> None:
         for method in sorted(route.methods or ()):
             plane = rest_plane(method, path)
             seen.add(plane)
-            if path.startswith(("/v2/repository", "/v2/stats")) or path == "/v2/health/details":
+            if path.startswith(("/v2/repository", "/v2/stats", "/v2/logging")) or path == (
+                "/v2/health/details"
+            ):
                 assert plane is Plane.MANAGEMENT, (method, path)
             elif path.startswith(("/v2/models/", "/v1/")) or path == "/predict":
                 assert plane is Plane.DATA, (method, path)

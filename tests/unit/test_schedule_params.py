@@ -26,7 +26,7 @@ def _grpc(key: str, **value: object) -> pb.ModelInferRequest:
     return msg
 
 
-@pytest.mark.parametrize("value", [True, 0, -1, "1", 1.0])
+@pytest.mark.parametrize("value", [True, -1, "1", 1.0])
 def test_every_route_reads_priority_alike(value: object) -> None:
     """REST infer, /predict and gRPC share one check: ``true`` is no priority anywhere."""
     with pytest.raises(InvalidInputError, match="'priority' must be a positive integer"):
@@ -39,13 +39,15 @@ def test_every_route_reads_priority_alike(value: object) -> None:
         predict_call({"model": "m", "priority": value})
 
 
-@pytest.mark.parametrize("param", [{"bool_param": True}, {"int64_param": 0}, {"string_param": "1"}])
+@pytest.mark.parametrize(
+    "param", [{"bool_param": True}, {"int64_param": -1}, {"string_param": "1"}]
+)
 def test_grpc_reads_priority_as_rest_does(param: dict[str, object]) -> None:
     with pytest.raises(InvalidInputError, match="'priority' must be a positive integer"):
         request_from_proto(_grpc("priority", **param))
 
 
-@pytest.mark.parametrize("value", [True, 0, -5, "1s"])
+@pytest.mark.parametrize("value", [True, -5, "1s"])
 def test_every_route_reads_timeout_alike(value: object) -> None:
     with pytest.raises(InvalidInputError, match="'timeout' must be a positive number"):
         timeout_param_s(value)
@@ -69,3 +71,18 @@ def test_good_values_pass_through() -> None:
     assert timeout_param_s(None) is None
     assert timeout_param_s(250_000) == 0.25
     assert predict_call({"model": "m", "priority": 2, "timeout": 1000}).timeout_s == 0.001
+
+
+def test_zero_means_the_default_on_every_route() -> None:
+    """Triton's clients send ``priority: 0`` and ``timeout: 0`` for "not set"."""
+    assert priority_param(0) is None
+    assert timeout_param_s(0) is None
+    body = {"inputs": [INPUT], "parameters": {"priority": 0, "timeout": 0}}
+    rest = decode_request(orjson.dumps(body), None, "m", None)
+    assert (rest.priority, rest.timeout_s) == (None, None)
+    msg = _grpc("priority", uint64_param=0)
+    msg.parameters["timeout"].int64_param = 0
+    grpc = request_from_proto(msg)
+    assert (grpc.priority, grpc.timeout_s) == (None, None)
+    call = predict_call({"model": "m", "priority": 0, "timeout": 0})
+    assert (call.priority, call.timeout_s) == (None, None)

@@ -7,6 +7,7 @@ model's scheduler, and wraps the outputs. It never touches a worker directly.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
@@ -18,14 +19,15 @@ from modelyard.clock import Clock
 from modelyard.config.limits import LimitsConfig
 from modelyard.errors import (
     DeadlineExceededError,
-    InvalidInputError,
     ModelNotReadyError,
     PayloadTooLargeError,
     ServerError,
-    hide_paths,
 )
+from modelyard.frontends.classification import LabelCache
 from modelyard.frontends.generation import Generation, context_length
-from modelyard.frontends.tensor_checks import select_outputs, validate_inputs
+from modelyard.frontends.model_views import listed_versions, model_statistics, repository_rows
+from modelyard.frontends.tensor_checks import request_rows, select_outputs, validate_inputs
+from modelyard.frontends.triton_config import triton_config
 from modelyard.manager.fallback import (
     FallbackReason,
     allows_fallback,
@@ -35,11 +37,11 @@ from modelyard.manager.fallback import (
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.router import Router, check_client_timeout
-from modelyard.manager.states import ModelState
+from modelyard.observability.log_settings import LogSettings
 from modelyard.observability.metrics import OK, Metrics, outcome_code
-from modelyard.protocol.documents import json_object
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.protocol.limits import count_elements
+from modelyard.protocol.load_parameters import load_config
 from modelyard.protocol.names import check_model_name, check_version_name
 from modelyard.protocol.predict import predict_answer, predict_call, predict_inputs
 from modelyard.protocol.types import (
@@ -61,7 +63,15 @@ SERVED_BY = "served_by"
 """Response parameter naming the model that answered, set when a fallback did."""
 FALLBACK_REASON = "fallback_reason"
 """Response parameter: why the requested model did not answer (see manager/fallback.py)."""
-EXTENSIONS = ("model_repository", "binary_tensor_data", "schedule_policy", "statistics")
+EXTENSIONS = (
+    "classification",
+    "logging",
+    "model_repository",
+    "model_configuration",
+    "binary_tensor_data",
+    "schedule_policy",
+    "statistics",
+)
 
 _PLATFORMS = {
     "onnx": "onnxruntime_onnx",
@@ -74,27 +84,13 @@ _PLATFORMS = {
 
 
 def _tensors(specs: list[TensorSpec]) -> tuple[TensorMetadata, ...]:
-    return tuple(TensorMetadata(s.name, s.datatype, s.shape) for s in specs)
+    return tuple(TensorMetadata(s.name, s.datatype, s.shape, s.optional) for s in specs)
 
 
 def _raw_size(array: np.ndarray) -> int:
     if array.dtype == object:
         return sum(len(v) if isinstance(v, bytes | str) else 8 for v in array.reshape(-1))
     return int(array.nbytes)
-
-
-def _load_config(config: object) -> Mapping[str, Any] | None:
-    if config is None:
-        return None
-    if isinstance(config, str | bytes):
-        text = config.encode() if isinstance(config, str) else config
-        try:
-            return json_object(text, allow_empty=False)
-        except InvalidInputError as exc:
-            raise InvalidInputError(f"load parameter 'config': {exc.message}") from None
-    if not isinstance(config, Mapping):
-        raise InvalidInputError("load parameter 'config' must be a JSON object of model fields")
-    return config
 
 
 class DataPlane:
@@ -126,6 +122,10 @@ class DataPlane:
         )
         """Text generation for generative models (``llama_cpp``, ``transformers``)."""
         self.generation.is_serving = self.ready
+        self.labels = LabelCache()
+        self.log_settings = LogSettings()
+        """Triton's logging extension over the process's root logger (management)."""
+        """Class labels by version folder, read once (classification extension)."""
 
     def _load_waited(self, record: ModelRecord, seconds: float) -> None:
         if self.metrics is not None:
@@ -158,7 +158,7 @@ class DataPlane:
         info = record.info
         return ModelMetadata(
             name=name,
-            versions=tuple(sorted(entry.versions, key=int)),
+            versions=listed_versions(entry),
             platform=_PLATFORMS.get(record.config.runtime, record.config.runtime),
             inputs=() if info is None else _tensors(info.inputs),
             outputs=() if info is None else _tensors(info.outputs),
@@ -192,6 +192,20 @@ class DataPlane:
             deadline = None if timeout_s is None else self.clock.monotonic() + timeout_s
             await self.manager.ensure_ready(record, deadline=deadline)
         return self.model_metadata(name, version)
+
+    async def model_config(
+        self, name: str, version: str | None, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """The version's configuration in Triton's ``ModelConfig`` shape (its YAML and
+        tensors; see :mod:`modelyard.frontends.triton_config`), loading it to learn its
+        tensors as :meth:`model_metadata_loaded` does."""
+        meta = await self.model_metadata_loaded(name, version, timeout_s)
+        record = self.manager.resolve(name, check_version_name(version))
+        return triton_config(record.config, meta, record.info, bool(self.labels.get(record.path)))
+
+    def statistics(self, name: str | None, version: str | None) -> dict[str, object]:
+        """Triton's statistics extension (see :func:`~.model_views.model_statistics`)."""
+        return model_statistics(self.manager, name, version)
 
     # ------------------------------------------------------------------ inference
 
@@ -316,6 +330,19 @@ class DataPlane:
     async def _infer_on(
         self, record: ModelRecord, request: InferRequest, started: float
     ) -> InferResponse:
+        """:meth:`_run_on`, counted in the version's statistics (success or failure)."""
+        try:
+            response, batched = await self._run_on(record, request, started)
+        except ServerError:
+            record.infer_stats.failed(self.clock.monotonic() - started)
+            raise
+        elapsed_s = self.clock.monotonic() - started
+        record.infer_stats.succeeded(request_rows(request, batched), elapsed_s)
+        return response
+
+    async def _run_on(
+        self, record: ModelRecord, request: InferRequest, started: float
+    ) -> tuple[InferResponse, bool]:
         client_timeout_s = check_client_timeout(request.timeout_s)
         router = self.router
         ready = router.enter_ready(record, started, client_timeout_s)
@@ -335,10 +362,17 @@ class DataPlane:
                 outputs = await route.scheduler.submit(
                     inputs, priority=request.priority, deadline=route.deadline
                 )
+        batched = info.supports_batching
         response = InferResponse(
             model_name=record.key.name,
             model_version=record.key.version,
-            outputs=select_outputs(request, outputs, info.outputs),
+            outputs=select_outputs(
+                request,
+                outputs,
+                info.outputs,
+                batched=batched,
+                labels=functools.partial(self.labels.get, record.path),
+            ),
             id=request.id,
         )
         # The raw bytes are a lower bound of any encoding: refuse before encoding them.
@@ -348,7 +382,7 @@ class DataPlane:
             size += _raw_size(array) if array.dtype == object else array.nbytes
         if size > self.max_response_bytes:
             self.check_response_bytes(size)
-        return response
+        return response, batched
 
     def check_response_bytes(self, size: int) -> None:
         """PayloadTooLargeError when a response of ``size`` bytes is over the limit."""
@@ -396,34 +430,7 @@ class DataPlane:
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         """``[{"name", "version", "state", "reason"}]`` for every known version."""
-        rows: list[dict[str, Any]] = []
-        for record in self.manager.records():
-            if ready_only and not record.is_ready:
-                continue
-            state = record.state
-            if state is ModelState.READY and not record.is_ready:
-                state = ModelState.LOADING
-            rows.append(
-                {
-                    "name": record.key.name,
-                    "version": record.key.version,
-                    "state": state.value,
-                    "reason": hide_paths(record.reason),
-                }
-            )
-        if not ready_only:
-            # A configured model with no version to serve is listed, not hidden.
-            rows += [
-                {
-                    "name": entry.config.name,
-                    "version": "",
-                    "state": ModelState.FAILED.value,
-                    "reason": self.manager.missing_reason(entry),
-                }
-                for entry in self.manager.entries.values()
-                if not entry.versions
-            ]
-        return rows
+        return repository_rows(self.manager, ready_only)
 
     async def load(self, name: str, config: object = None) -> None:
         """Load the model's default version (repository extension); ModelNotReadyError
@@ -434,7 +441,7 @@ class DataPlane:
         folder the configuration does not list, or reconfigures an unloaded one.
         """
         name = check_model_name(name)
-        await self.manager.load(name, config=_load_config(config))
+        await self.manager.load(name, config=load_config(config))
         # Both front ends answer a load only once the model serves: a load that returned
         # without a ready default version is the client's 503, not a silent success.
         if not self.model_ready(name, None):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import numpy as np
 
 from modelyard.errors import InvalidInputError
+from modelyard.frontends.classification import CLASSIFICATION, classification_k, classify
 from modelyard.manager.records import ModelRecord
-from modelyard.protocol.tensors import output_from_array
+from modelyard.protocol.datatypes import element_size
+from modelyard.protocol.tensors import array_from_binary, output_from_array
 from modelyard.protocol.types import InferOutput, InferRequest
 from modelyard.runtimes.base import TensorSpec
 
@@ -20,10 +25,63 @@ def _shape_matches(spec: tuple[int, ...], shape: tuple[int, ...]) -> bool:
     return True
 
 
+def _raw_shape(spec: TensorSpec, count: int) -> tuple[int, ...]:
+    """The shape of a raw input of ``count`` elements: the spec's, its one dynamic
+    dimension (if any) filled in, every other dynamic dimension 1."""
+    dims = list(spec.shape)
+    dynamic = [i for i, d in enumerate(dims) if d < 0]
+    for i in dynamic[1:]:
+        dims[i] = 1
+    known = math.prod(d for d in dims if d >= 0)
+    if dynamic:
+        dims[dynamic[0]] = count // known if known and count % known == 0 else -1
+    if math.prod(dims) != count or min(dims, default=0) < 0:
+        raise InvalidInputError(
+            f"raw binary request: {count} elements of {spec.datatype} do not fill input "
+            f"{spec.name!r} of shape {list(spec.shape)}"
+        )
+    return tuple(dims)
+
+
+def raw_input_array(
+    record: ModelRecord, raw: bytes, specs: list[TensorSpec]
+) -> tuple[str, np.ndarray]:
+    """The input name and array of a raw binary request's body (Triton's binary tensor
+    extension): the model's only input, its datatype from the metadata, its shape
+    deduced from the size.
+
+    A BYTES input gets the whole body as its one element."""
+    required = [s for s in specs if not s.optional]
+    if len(required) != 1:
+        raise InvalidInputError(
+            "a raw binary request (Inference-Header-Content-Length: 0) needs a model with "
+            f"exactly one input; {record.key.name!r} has {len(required)}"
+        )
+    spec = required[0]
+    if spec.datatype == "BYTES":
+        shape = _raw_shape(spec, 1)
+        arr = np.empty(1, dtype=object)
+        arr[0] = raw
+        return spec.name, arr.reshape(shape)
+    size = element_size(spec.datatype)
+    if len(raw) % size:
+        raise InvalidInputError(
+            f"raw binary request: {len(raw)} bytes are not whole {spec.datatype} elements "
+            f"of input {spec.name!r}"
+        )
+    shape = _raw_shape(spec, len(raw) // size)
+    return spec.name, array_from_binary(spec.name, spec.datatype, shape, raw)
+
+
 def validate_inputs(
     record: ModelRecord, request: InferRequest, specs: list[TensorSpec]
 ) -> dict[str, np.ndarray]:
-    """The request's input arrays by name, checked against the model's inputs."""
+    """The request's input arrays by name, checked against the model's inputs.
+
+    Inputs the model declares optional may be left out."""
+    if request.raw_input is not None:
+        name, array = raw_input_array(record, request.raw_input, specs)
+        return {name: array}
     by_name = {s.name: s for s in specs}
     inputs: dict[str, np.ndarray] = {}
     for tensor in request.inputs:
@@ -47,7 +105,11 @@ def validate_inputs(
             )
         inputs[tensor.name] = tensor.array
     # Every input named a distinct known input: none is missing when the counts agree.
-    missing = [] if len(inputs) == len(by_name) else [n for n in by_name if n not in inputs]
+    missing = (
+        []
+        if len(inputs) == len(by_name)
+        else [n for n, s in by_name.items() if n not in inputs and not s.optional]
+    )
     if missing:
         raise InvalidInputError(
             f"model {record.key.name!r} needs input(s) {', '.join(missing)}, not given"
@@ -56,9 +118,18 @@ def validate_inputs(
 
 
 def select_outputs(
-    request: InferRequest, outputs: dict[str, np.ndarray], specs: list[TensorSpec]
+    request: InferRequest,
+    outputs: dict[str, np.ndarray],
+    specs: list[TensorSpec],
+    *,
+    batched: bool = False,
+    labels: Callable[[], tuple[str, ...]] = tuple,
 ) -> list[InferOutput]:
-    """The outputs the request asked for (all, in metadata order, when it named none)."""
+    """The outputs the request asked for (all, in metadata order, when it named none).
+
+    An output asked for with ``classification: k`` comes back as its top ``k`` classes
+    (:mod:`modelyard.frontends.classification`); ``batched``: the model's first
+    dimension is the batch; ``labels``: reads the model's class labels when needed."""
     if request.outputs:
         result = []
         for wanted in request.outputs:
@@ -67,9 +138,24 @@ def select_outputs(
                     f"requested output {wanted.name!r} does not exist; outputs are: "
                     f"{', '.join(outputs)}"
                 )
-            out = output_from_array(wanted.name, outputs[wanted.name])
-            out.parameters = dict(wanted.parameters)
+            params = wanted.parameters
+            k = classification_k(wanted.name, params) if params else None
+            if k is None:
+                out = output_from_array(wanted.name, outputs[wanted.name])
+                out.parameters = dict(params)
+            else:
+                out = classify(
+                    wanted.name, outputs[wanted.name], k, batched=batched, labels=labels()
+                )
+                out.parameters = {n: v for n, v in params.items() if n != CLASSIFICATION}
             result.append(out)
         return result
     result = [output_from_array(s.name, outputs[s.name]) for s in specs if s.name in outputs]
     return result or [output_from_array(name, array) for name, array in outputs.items()]
+
+
+def request_rows(request: InferRequest, batched: bool) -> int:
+    """Inferences in a request: its batch size for a batching model, else one."""
+    if not batched or not request.inputs or not request.inputs[0].shape:
+        return 1
+    return request.inputs[0].shape[0]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modelyard.config.model_config import ModelConfig
+from modelyard.manager.infer_stats import InferStats
 from modelyard.manager.retry import LoadBackoff
 from modelyard.manager.states import ModelState
 
@@ -171,6 +172,8 @@ class ModelRecord:
     measured_bytes: int | None = None
     timings: LoadTimings = field(default_factory=LoadTimings)
     stats: ModelStats = field(default_factory=ModelStats)
+    infer_stats: InferStats = field(default_factory=InferStats)
+    """Triton-shaped inference statistics (``GET /v2/models/{m}/stats``)."""
     in_flight: int = 0
     """Batches running on the instance now."""
     leases: int = 0

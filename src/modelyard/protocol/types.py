@@ -32,24 +32,31 @@ def header_timeout_s(value: str | bytes) -> float:
 def priority_param(value: object, what: str = "parameter 'priority'") -> int | None:
     """A request's ``priority`` (1 is the highest; None: not given), as every route reads it.
 
-    REST infer, ``/predict`` and gRPC share this check, so a value one route refuses
-    (``true``, ``0``, ``"high"``) is refused by all of them with the same words.
+    ``0`` means the model's default priority, as in Triton (its clients send it when no
+    priority was set). REST infer, ``/predict`` and gRPC share this check, so a value one
+    route refuses (``true``, ``-1``, ``"high"``) is refused by all of them with the same
+    words.
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(f"{what} must be a positive integer (1 is the highest)")
-    return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(
+            f"{what} must be a positive integer (1 is the highest; 0: the default)"
+        )
+    return value or None
 
 
 def timeout_param_s(value: object, what: str = "parameter 'timeout'") -> float | None:
     """Seconds from a request's ``timeout`` in microseconds (None: not given), as every
-    route reads it; InvalidInputError unless a positive number (never a boolean)."""
+    route reads it; ``0`` means no timeout of the client's own (the model's), as in
+    Triton. InvalidInputError unless a non-negative number (never a boolean)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise InvalidInputError(f"{what} must be a positive number of microseconds")
-    return float(value) / 1e6
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise InvalidInputError(
+            f"{what} must be a positive number of microseconds (0: the default)"
+        )
+    return float(value) / 1e6 if value else None
 
 
 def earliest(timeout_s: float | None, other_s: float | None) -> float | None:
@@ -95,6 +102,11 @@ class InferRequest:
     timeout_s: float | None = None
     """The client's own deadline budget: caps the request's total time, a load included,
     and may only shorten the model's ``timeout_s``."""
+    raw_input: bytes | None = None
+    """A raw binary request's body (``Inference-Header-Content-Length: 0``): the data of
+    the model's single input, whose name, datatype and shape come from the model's
+    metadata (:func:`modelyard.frontends.tensor_checks.raw_input_array`); ``inputs`` is
+    then empty."""
 
 
 @dataclass(slots=True)
@@ -126,6 +138,8 @@ class TensorMetadata:
     name: str
     datatype: str
     shape: tuple[int, ...]
+    optional: bool = False
+    """A request may leave this input out (an ONNX input with a default value)."""
 
     def to_dict(self) -> dict[str, object]:
         """The protocol's JSON form: ``{"name", "datatype", "shape"}``."""

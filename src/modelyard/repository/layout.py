@@ -27,7 +27,11 @@ def repository_models(root: Path) -> list[str]:
 
 def served_versions(model_dir: Path, policy: VersionPolicy) -> list[int]:
     """The versions the policy serves, ascending."""
-    versions = list_versions(model_dir)
+    return apply_policy(list_versions(model_dir), policy)
+
+
+def apply_policy(versions: list[int], policy: VersionPolicy) -> list[int]:
+    """The versions among ``versions`` (ascending) that the policy serves, ascending."""
     if policy.all:
         return versions
     if policy.specific is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,12 +47,27 @@ def _spec(arg: object) -> TensorSpec:
     return TensorSpec(name, _ORT_TYPES.get(ort_type, "BYTES"), _dims(shape))
 
 
-def _strings(arr: np.ndarray) -> np.ndarray:
-    # ORT string tensors want str objects; BYTES tensors carry bytes (UTF-8 by convention).
+def _strings(name: str, arr: np.ndarray) -> np.ndarray:
+    """A BYTES tensor as ORT's Python API takes string tensors: an array of ``str``.
+
+    ORT's binding encodes each ``str`` as UTF-8 and turns any other object (``bytes``
+    included) into its ``repr``-like ``str()``, so bytes that are not UTF-8 cannot reach
+    the graph unchanged: they are refused by name rather than altered (Triton's C API
+    passes them raw; see docs/protocol.md).
+    """
     out = np.empty(arr.shape, dtype=object)
     flat = out.reshape(-1)
     for i, v in enumerate(arr.reshape(-1)):
-        flat[i] = v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else str(v)
+        if isinstance(v, bytes):
+            try:
+                flat[i] = v.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(
+                    f"input {name!r}: element {i} is not valid UTF-8; ONNX Runtime's Python "
+                    "API carries string tensors as UTF-8 text only"
+                ) from None
+        else:
+            flat[i] = str(v)
     return out
 
 
@@ -150,6 +166,12 @@ class OnnxRuntime(DeclaredTensors):
         self._run = compiled.run if compiled is not None else session.run
         self._checked_run = session.run
         self._inputs = [_spec(a) for a in session.get_inputs()]
+        # Initialisers that are also graph inputs have a default a request may override:
+        # optional inputs (ORT feeds the initialiser when the request leaves them out).
+        self._inputs += [
+            dataclasses.replace(_spec(a), optional=True)
+            for a in session.get_overridable_initializers()
+        ]
         self._outputs = [_spec(a) for a in session.get_outputs()]
         self._output_names = [o.name for o in self._outputs]
 
@@ -158,7 +180,7 @@ class OnnxRuntime(DeclaredTensors):
         run = self._run
         if run is None:
             raise RuntimeError("model not loaded")
-        feeds = {k: (_strings(v) if v.dtype == object else v) for k, v in inputs.items()}
+        feeds = {k: (_strings(k, v) if v.dtype == object else v) for k, v in inputs.items()}
         if len(feeds) != len(self._inputs):
             run = self._checked_run or run
         results = run(self._output_names, feeds, None)

@@ -288,7 +288,7 @@ def _unpack_bytes(raw: np.ndarray, shape: tuple[int, ...], is_text: bool) -> np.
     lens = raw[:head].view(_LEN)
     data = raw[head:].tobytes()
     ends = np.cumsum(lens, dtype=np.int64).tolist()
-    starts = [0, *ends[:-1]]
+    starts = [0, *ends[:-1]] if ends else []  # a zero-element tensor has no elements
     items: list[object]
     if is_text:
         items = [data[a:b].decode("utf-8") for a, b in zip(starts, ends, strict=True)]

@@ -275,11 +275,9 @@ def test_priority_and_timeout_parameters(
 
 
 BAD_PARAMETERS = {
-    "priority-zero": (_with_parameter("priority", uint64_param=0), "'priority'"),
     "priority-negative": (_with_parameter("priority", int64_param=-1), "'priority'"),
     "priority-string": (_with_parameter("priority", string_param="high"), "'priority'"),
     "priority-bool": (_with_parameter("priority", bool_param=True), "'priority'"),
-    "timeout-zero": (_with_parameter("timeout", int64_param=0), "'timeout'"),
     "timeout-negative": (_with_parameter("timeout", int64_param=-5), "'timeout'"),
     "timeout-string": (_with_parameter("timeout", string_param="1s"), "'timeout'"),
 }
@@ -289,6 +287,14 @@ BAD_PARAMETERS = {
 def test_bad_priority_and_timeout(msg: pb.ModelInferRequest, match: str) -> None:
     with pytest.raises(InvalidInputError, match=match):
         request_from_proto(msg)
+
+
+def test_priority_and_timeout_zero_are_the_defaults() -> None:
+    """As in Triton: tritonclient sends 0 for "not set"."""
+    request = request_from_proto(_with_parameter("priority", uint64_param=0))
+    assert request.priority is None
+    request = request_from_proto(_with_parameter("timeout", int64_param=0))
+    assert request.timeout_s is None
 
 
 # ---------------------------------------------------------------------- responses

@@ -32,6 +32,7 @@ from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from modelyard.frontends.grpc.server import GrpcLimits, start_grpc_server, stop_grpc_server
 from modelyard.frontends.grpc.servicer import DataPlaneProtocol
+from modelyard.observability.log_settings import LogSettings
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.protocol.tensors import output_from_array
 from modelyard.protocol.types import (
@@ -80,6 +81,8 @@ class FakeDataPlane:
     def model_ready(self, name: str, version: str | None) -> bool:
         self._check(name)
         return name in self.ready_models
+
+    log_settings = LogSettings()
 
     def server_metadata(self) -> ServerMetadata:
         return ServerMetadata("modelyard", "0.1.0", ("model_repository",))
@@ -135,6 +138,17 @@ class FakeDataPlane:
 
     async def generate_text(self, request: GenerateRequest) -> dict[str, object]:
         raise NotSupportedError("no generative model here")
+
+    def statistics(self, name: str | None, version: str | None) -> dict[str, object]:
+        if name is not None:
+            self._check(name)
+        return {"model_stats": []}
+
+    async def model_config(
+        self, name: str, version: str | None, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        self._check(name)
+        return {"name": name}
 
 
 def _as_protocol(fake: FakeDataPlane) -> DataPlaneProtocol:
@@ -320,12 +334,13 @@ async def test_load_passes_a_config_override_on(client: Client) -> None:
     assert client.fake.configs == ['{"max_batch_size": 4}']
 
 
-async def test_load_with_file_parameters_is_unimplemented(client: Client) -> None:
+async def test_load_with_file_parameters_is_refused_by_name(client: Client) -> None:
     msg = pb.RepositoryModelLoadRequest(model_name="echo")
     msg.parameters["file:1/model.onnx"].bytes_param = b"..."
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await client.stub.RepositoryModelLoad(msg)
-    assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "'file:1/model.onnx'" in (info.value.details() or "")
     assert client.fake.loaded == []
 
 

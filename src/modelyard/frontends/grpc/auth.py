@@ -26,9 +26,12 @@ GRPC_PLANES: dict[str, Plane] = {
     "ModelMetadata": Plane.DATA,
     "ModelInfer": Plane.DATA,
     "ModelStreamInfer": Plane.DATA,
+    "ModelConfig": Plane.DATA,
+    "ModelStatistics": Plane.DATA,
     "RepositoryIndex": Plane.MANAGEMENT,
     "RepositoryModelLoad": Plane.MANAGEMENT,
     "RepositoryModelUnload": Plane.MANAGEMENT,
+    "LogSettings": Plane.MANAGEMENT,
 }
 """The plane of each RPC of the inference service."""
 

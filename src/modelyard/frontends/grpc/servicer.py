@@ -15,12 +15,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from typing import Any, Protocol, TypeVar
 
 import grpc
+from google.protobuf import json_format
 
 from modelyard.errors import (
     DeadlineExceededError,
     InternalError,
     InvalidInputError,
-    NotSupportedError,
     ServerError,
     retry_after_value,
 )
@@ -36,7 +36,9 @@ from modelyard.frontends.grpc.generate import (
 )
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2 as pb
 from modelyard.frontends.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from modelyard.observability.log_settings import LogSettings as LogSettingsView
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
+from modelyard.protocol.load_parameters import check_load_parameters
 from modelyard.protocol.names import check_model_name
 from modelyard.protocol.types import (
     TIMEOUT_HEADER,
@@ -67,6 +69,15 @@ class DataPlaneProtocol(Protocol):
     def model_ready(self, name: str, version: str | None) -> bool: ...
 
     def server_metadata(self) -> ServerMetadata: ...
+
+    @property
+    def log_settings(self) -> LogSettingsView: ...
+
+    def statistics(self, name: str | None, version: str | None) -> dict[str, object]: ...
+
+    async def model_config(
+        self, name: str, version: str | None, timeout_s: float | None = None
+    ) -> dict[str, Any]: ...
 
     async def model_metadata_loaded(
         self, name: str, version: str | None, timeout_s: float | None = None
@@ -148,15 +159,10 @@ def _model_name(name: str) -> str:
     return check_model_name(name)
 
 
-# Triton's load parameters replace the model's config or files; modelyard loads only
-# what its repository holds, so it refuses them rather than silently ignoring them.
 def _load_config(params: Mapping[str, pb.ModelRepositoryParameter]) -> str | None:
-    """The ``config`` load parameter (a JSON string of model fields), as over REST."""
-    for key in params:
-        if key.startswith("file:"):
-            raise NotSupportedError(
-                f"load parameter {key!r} is not supported; models load from the repository"
-            )
+    """The ``config`` load parameter (a JSON string of model fields), as over REST;
+    ``file:`` parameters are refused by name, as over REST."""
+    check_load_parameters(params)
     if "config" not in params:
         return None
     param = params["config"]
@@ -219,6 +225,48 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             response.inputs.add(name=spec.name, datatype=spec.datatype, shape=spec.shape)
         for spec in meta.outputs:
             response.outputs.add(name=spec.name, datatype=spec.datatype, shape=spec.shape)
+        return response
+
+    @_translated
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Context
+    ) -> pb.ModelStatisticsResponse:
+        """Triton's statistics extension: every model, one model, or one version."""
+        name = _model_name(request.name) if request.name else None
+        doc = self.dataplane.statistics(name, _version(request.version))
+        return json_format.ParseDict(doc, pb.ModelStatisticsResponse())
+
+    @_translated
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: Context
+    ) -> pb.ModelConfigResponse:
+        """The model version's configuration in Triton's shape (loading it to learn its
+        tensors, within the client's deadline)."""
+        doc = await self.dataplane.model_config(
+            _model_name(request.name), _version(request.version), _client_timeout_s(context)
+        )
+        return pb.ModelConfigResponse(config=json_format.ParseDict(doc, pb.ModelConfig()))
+
+    @_translated
+    async def LogSettings(
+        self, request: pb.LogSettingsRequest, context: Context
+    ) -> pb.LogSettingsResponse:
+        """Triton's logging extension: change the settings given, answer them all."""
+        changes = {}
+        for key, value in request.settings.items():
+            choice = value.WhichOneof("parameter_choice")
+            if choice is None:
+                raise InvalidInputError(f"log setting {key!r} has no value")
+            changes[key] = getattr(value, choice)
+        response = pb.LogSettingsResponse()
+        for key, setting in self.dataplane.log_settings.update(changes).items():
+            target = response.settings[key]
+            if isinstance(setting, bool):
+                target.bool_param = setting
+            elif isinstance(setting, int):
+                target.uint32_param = setting
+            else:
+                target.string_param = str(setting)
         return response
 
     @_translated

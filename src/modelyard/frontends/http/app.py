@@ -28,6 +28,7 @@ from modelyard.frontends.http.limits import RouteLimits
 from modelyard.frontends.http.openai import OpenAIApi
 from modelyard.frontends.http.openai_errors import error_response_at
 from modelyard.frontends.http.openapi import openapi_routes
+from modelyard.protocol.load_parameters import check_load_parameters
 from modelyard.protocol.types import TIMEOUT_HEADER
 
 
@@ -72,6 +73,24 @@ class RestApi:
         ok = self.dp.model_ready(p["model"], p.get("version"))
         return json_response({"name": p["model"], "ready": ok}, 200 if ok else 400)
 
+    async def model_config(self, request: Request) -> Response:
+        """``GET /v2/models/{m}[/versions/{v}]/config``: Triton's model configuration."""
+        p = request.path_params
+        return json_response(await self.dp.model_config(p["model"], p.get("version")))
+
+    async def model_statistics(self, request: Request) -> Response:
+        """``GET /v2/models[/{m}[/versions/{v}]]/stats``: Triton's statistics extension."""
+        p = request.path_params
+        return json_response(self.dp.statistics(p.get("model"), p.get("version")))
+
+    async def logging_settings(self, request: Request) -> Response:
+        """``GET /v2/logging`` reads, ``POST /v2/logging {settings}`` changes (Triton's
+        logging extension; management plane)."""
+        settings = self.dp.log_settings
+        if request.method == "GET":
+            return json_response(settings.as_dict())
+        return json_response(settings.update(await self._json_body(request)))
+
     # ------------------------------------------------------------------ inference
 
     async def predict(self, request: Request) -> Response:
@@ -104,6 +123,7 @@ class RestApi:
         params = doc.get("parameters") or {}
         if not isinstance(params, dict):
             raise InvalidInputError("'parameters' must be an object")
+        check_load_parameters(params)
         name = request.path_params["model"]
         await self.dp.load(name, params.get("config"))
         return Response(b"", status_code=200)
@@ -123,10 +143,16 @@ class RestApi:
             Route("/v2/health/live", g(self.live), methods=["GET"]),
             Route("/v2/health/ready", g(self.ready), methods=["GET"]),
             Route("/v2", g(self.server_metadata), methods=["GET"]),
+            # Before "{model}": "stats" is not a model's name here.
+            Route("/v2/models/stats", g(self.model_statistics), methods=["GET"]),
             Route(m, g(self.model_metadata), methods=["GET"]),
             Route(mv, g(self.model_metadata), methods=["GET"]),
             Route(m + "/ready", g(self.model_ready), methods=["GET"]),
             Route(mv + "/ready", g(self.model_ready), methods=["GET"]),
+            Route(m + "/config", g(self.model_config), methods=["GET"]),
+            Route(mv + "/config", g(self.model_config), methods=["GET"]),
+            Route(m + "/stats", g(self.model_statistics), methods=["GET"]),
+            Route(mv + "/stats", g(self.model_statistics), methods=["GET"]),
             Route(m + "/infer", self.infer, methods=["POST"]),
             Route(mv + "/infer", self.infer, methods=["POST"]),
             Route(m + "/generate", self.generate.generate, methods=["POST"]),
@@ -134,6 +160,7 @@ class RestApi:
             Route(m + "/generate_stream", self.generate.generate_stream, methods=["POST"]),
             Route(mv + "/generate_stream", self.generate.generate_stream, methods=["POST"]),
             Route("/predict", g(self.predict), methods=["POST"]),
+            Route("/v2/logging", g(self.logging_settings), methods=["GET", "POST"]),
             Route("/v2/repository/index", g(self.repository_index), methods=["POST"]),
             Route("/v2/repository/models/{model}/load", g(self.repository_load), methods=["POST"]),
             Route(

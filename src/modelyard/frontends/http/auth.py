@@ -32,7 +32,8 @@ _WS_POLICY_VIOLATION = 1008
 _OPEN_METHODS = frozenset({"GET", "HEAD"})
 _DASHBOARD_ASSET = re.compile(r"/dashboard/[^/]+")
 _DATA_PATH = re.compile(
-    r"/v2/models/[^/]+(?:/versions/[^/]+)?(?:/infer|/ready|/generate|/generate_stream)?|/predict"
+    r"/v2/models/[^/]+(?:/versions/[^/]+)?"
+    r"(?:/infer|/ready|/generate|/generate_stream|/config|/stats)?|/predict"
     r"|/v1/models(?:/[^/]+)?|/v1/completions|/v1/chat/completions|/v1/embeddings"
 )
 

@@ -36,7 +36,8 @@ def decode_request(
     model_version: str | None,
     max_elements: int | None = None,
 ) -> InferRequest:
-    """Parse a v2 infer body (JSON, or JSON header plus binary tensors).
+    """Parse a v2 infer body (JSON, JSON header plus binary tensors, or with a header
+    length of 0 the raw data of the model's single input: Triton's raw binary request).
 
     With ``max_elements``, the inputs' declared shapes are counted first, so a request
     over that budget is refused before any array is built.
@@ -54,6 +55,8 @@ def decode_request(
             raise InvalidInputError(
                 f"Inference-Header-Content-Length {n} is outside the {len(body)}-byte body"
             )
+        if n == 0:  # a raw binary request: the body is the single input's data
+            return InferRequest(model_name, model_version, [], raw_input=bytes(body))
         view = memoryview(body)
         raw_json, binary = view[:n], view[n:]
     try:

@@ -85,6 +85,21 @@ class GRPCInferenceServiceStub:
                 request_serializer=grpc__predict__v2__pb2.RepositoryModelUnloadRequest.SerializeToString,
                 response_deserializer=grpc__predict__v2__pb2.RepositoryModelUnloadResponse.FromString,
                 _registered_method=True)
+        self.ModelStatistics = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelStatistics',
+                request_serializer=grpc__predict__v2__pb2.ModelStatisticsRequest.SerializeToString,
+                response_deserializer=grpc__predict__v2__pb2.ModelStatisticsResponse.FromString,
+                _registered_method=True)
+        self.ModelConfig = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelConfig',
+                request_serializer=grpc__predict__v2__pb2.ModelConfigRequest.SerializeToString,
+                response_deserializer=grpc__predict__v2__pb2.ModelConfigResponse.FromString,
+                _registered_method=True)
+        self.LogSettings = channel.unary_unary(
+                '/inference.GRPCInferenceService/LogSettings',
+                request_serializer=grpc__predict__v2__pb2.LogSettingsRequest.SerializeToString,
+                response_deserializer=grpc__predict__v2__pb2.LogSettingsResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer:
@@ -163,6 +178,27 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelStatistics(self, request, context):
+        """Statistics of every version of every model, of one model, or of one version.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ModelConfig(self, request, context):
+        """A model version's configuration in Triton's shape.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LogSettings(self, request, context):
+        """Read (no settings given) or change the server's log settings.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -215,6 +251,21 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.RepositoryModelUnload,
                     request_deserializer=grpc__predict__v2__pb2.RepositoryModelUnloadRequest.FromString,
                     response_serializer=grpc__predict__v2__pb2.RepositoryModelUnloadResponse.SerializeToString,
+            ),
+            'ModelStatistics': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelStatistics,
+                    request_deserializer=grpc__predict__v2__pb2.ModelStatisticsRequest.FromString,
+                    response_serializer=grpc__predict__v2__pb2.ModelStatisticsResponse.SerializeToString,
+            ),
+            'ModelConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelConfig,
+                    request_deserializer=grpc__predict__v2__pb2.ModelConfigRequest.FromString,
+                    response_serializer=grpc__predict__v2__pb2.ModelConfigResponse.SerializeToString,
+            ),
+            'LogSettings': grpc.unary_unary_rpc_method_handler(
+                    servicer.LogSettings,
+                    request_deserializer=grpc__predict__v2__pb2.LogSettingsRequest.FromString,
+                    response_serializer=grpc__predict__v2__pb2.LogSettingsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -488,6 +539,87 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/RepositoryModelUnload',
             grpc__predict__v2__pb2.RepositoryModelUnloadRequest.SerializeToString,
             grpc__predict__v2__pb2.RepositoryModelUnloadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStatistics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelStatistics',
+            grpc__predict__v2__pb2.ModelStatisticsRequest.SerializeToString,
+            grpc__predict__v2__pb2.ModelStatisticsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelConfig',
+            grpc__predict__v2__pb2.ModelConfigRequest.SerializeToString,
+            grpc__predict__v2__pb2.ModelConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LogSettings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/LogSettings',
+            grpc__predict__v2__pb2.LogSettingsRequest.SerializeToString,
+            grpc__predict__v2__pb2.LogSettingsResponse.FromString,
             options,
             channel_credentials,
             insecure,
