@@ -452,6 +452,8 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     except ImportError as exc:
         missing = exc
         bench = sub.add_parser("bench", help=_BENCH_HELP, add_help=False)
+        # Whatever options follow, the answer is the missing extra.
+        bench.add_argument("options", nargs=argparse.REMAINDER)
         bench.set_defaults(func=lambda _args: _bench_missing(missing))
         return
     add_bench_parser(sub)

@@ -1,4 +1,5 @@
-"""The server runs without the ``bench`` extra (aiohttp): only ``modelyard bench`` needs it."""
+"""The server runs without the ``bench`` extra (aiohttp): only ``modelyard bench`` needs it,
+and says so."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ _WITHOUT_AIOHTTP = """
 import sys
 sys.modules["aiohttp"] = None  # any import of it now raises ImportError
 import modelyard.app, modelyard.frontends.http.app, modelyard.frontends.grpc.server
-from modelyard.cli import build_parser
+from modelyard.cli import build_parser, main
 sub = next(a for a in build_parser()._actions if a.dest == "command")
 print(sorted(sub.choices))
+print("exit", main(["bench", "--url", "http://127.0.0.1:1"]))
 """
 
 
@@ -25,7 +27,11 @@ def test_the_server_and_cli_import_without_aiohttp() -> None:
     assert done.returncode == 0, done.stderr
     verbs = done.stdout
     assert "'serve'" in verbs
-    assert "'bench'" not in verbs, "bench is offered only when its extra is installed"
+    # Listed, and without its extra it says which extra brings it (not "invalid choice").
+    assert "'bench'" in verbs
+    assert "exit 2" in verbs
+    assert "needs the bench extra" in done.stderr
+    assert "pip install 'modelyard[bench]'" in done.stderr
 
 
 _WITHOUT_RAY = """
