@@ -452,8 +452,6 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     except ImportError as exc:
         missing = exc
         bench = sub.add_parser("bench", help=_BENCH_HELP, add_help=False)
-        # Whatever options follow, the answer is the missing extra.
-        bench.add_argument("options", nargs=argparse.REMAINDER)
         bench.set_defaults(func=lambda _args: _bench_missing(missing))
         return
     add_bench_parser(sub)
@@ -472,7 +470,13 @@ def _bench_missing(exc: ImportError) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``modelyard`` console script."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(with_bench=bool(argv) and argv[0] == "bench")
+    is_bench = bool(argv) and argv[0] == "bench"
+    if is_bench:
+        try:
+            import modelyard.bench.cli  # noqa: F401  # the extra's modules
+        except ImportError as exc:  # whatever options follow: the extra is missing
+            return _bench_missing(exc)
+    parser = build_parser(with_bench=is_bench)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result
