@@ -78,30 +78,9 @@ class _ClientConnection(asyncio.Protocol):
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if kind == wire.DATA:
-            self.unacked += len(payload)
-            if self.unacked >= _WINDOW // 2:
-                self._write(wire.window_update(0, self.unacked))
-                self.unacked = 0
-            if flags & wire.END_STREAM:
-                self._done(stream_id, ERROR_CONNECTION)
+            self._data(flags, stream_id, payload)
         elif kind in (wire.HEADERS, wire.CONTINUATION):
-            if kind == wire.HEADERS:
-                if flags & wire.PADDED:
-                    payload = payload[1 : len(payload) - payload[0]]
-                if flags & wire.PRIORITY_FLAG:
-                    payload = payload[5:]
-                self.block = bytearray(payload)
-                if flags & wire.END_STREAM:
-                    self.statuses[stream_id] = b""
-            else:
-                self.block += payload
-            if flags & wire.END_HEADERS:
-                for key, value in self.decoder.decode(bytes(self.block), raw=True):
-                    if key == b"grpc-status":
-                        self.statuses[stream_id] = value
-                status = self.statuses.pop(stream_id, None)
-                if status is not None:
-                    self._done(stream_id, None if status == b"0" else _status_name(status))
+            self._headers(kind, flags, stream_id, payload)
         elif kind == wire.SETTINGS and not flags & wire.ACK:
             for setting, amount in wire.parse_settings(payload):
                 if setting == wire.INITIAL_WINDOW_SIZE:
@@ -117,6 +96,34 @@ class _ClientConnection(asyncio.Protocol):
             self._done(stream_id, ERROR_CONNECTION)
         elif kind == wire.GOAWAY:
             self.connection_lost(None)
+
+    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        self.unacked += len(payload)
+        if self.unacked >= _WINDOW // 2:
+            self._write(wire.window_update(0, self.unacked))
+            self.unacked = 0
+        if flags & wire.END_STREAM:
+            self._done(stream_id, ERROR_CONNECTION)
+
+    def _headers(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if kind == wire.HEADERS:
+            if flags & wire.PADDED:
+                payload = payload[1 : len(payload) - payload[0]]
+            if flags & wire.PRIORITY_FLAG:
+                payload = payload[5:]
+            self.block = bytearray(payload)
+            if flags & wire.END_STREAM:
+                self.statuses[stream_id] = b""
+        else:
+            self.block += payload
+        if not flags & wire.END_HEADERS:
+            return
+        for key, value in self.decoder.decode(bytes(self.block), raw=True):
+            if key == b"grpc-status":
+                self.statuses[stream_id] = value
+        status = self.statuses.pop(stream_id, None)
+        if status is not None:
+            self._done(stream_id, None if status == b"0" else _status_name(status))
 
     def _done(self, stream_id: int, outcome: str | None) -> None:
         future = self.calls.pop(stream_id, None)
