@@ -98,9 +98,9 @@ class Anticipation:
     def after_request(self, record: ModelRecord, now: float) -> None:
         """Log the request, count a prefetch hit, and act on the next prediction."""
         cold = not record.is_ready and record.reserved_bytes == 0
-        self.after_requests(record, (now,), cold=cold)
+        self.after_requests(record, (now,), cold)
 
-    def after_requests(self, record: ModelRecord, times: Sequence[float], *, cold: bool) -> None:
+    def after_requests(self, record: ModelRecord, times: Sequence[float], cold: bool) -> None:
         """:meth:`after_request` for consecutive requests for ``record`` at ``times``
         (ascending); ``cold``: the last of them found the model cold, holding no
         reservation (its own load takes room too). One decision, after the last

@@ -53,7 +53,10 @@ class DemandTracker:
         """Count requests for ``key`` at ``times`` (ascending), each of its ``weights``:
         the same as one :meth:`observe` per request, in order."""
         pending = self._pending
-        pending.extend(zip(repeat(key), times, weights, strict=False))
+        if len(times) == 1:
+            pending.append((key, times[0], weights[0]))
+        else:
+            pending.extend(zip(repeat(key), times, weights, strict=False))
         if len(pending) >= PENDING_MAX:
             self._fold()
 

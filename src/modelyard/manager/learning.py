@@ -75,7 +75,8 @@ class RequestEvents:
     def record(self, record: ModelRecord, now: float) -> None:
         """Record a request for ``record`` at ``now``; learnt at the end of this turn."""
         events = self._events
-        events.append((record, now, not record.is_ready and record.reserved_bytes == 0))
+        # A ready model holds a reservation: the property is read only for cold ones.
+        events.append((record, now, record.reserved_bytes == 0 and not record.is_ready))
         if len(events) == 1:
             try:
                 asyncio.get_running_loop().call_soon(self.flush)
@@ -94,6 +95,7 @@ class RequestEvents:
         self._events = []
         self.batches += 1
         self.learnt += len(events)
+        demand, policy, after, weigh = self._demand, self._policy, self._after, self._hot_weight
         n = len(events)
         start = 0
         while start < n:
@@ -101,12 +103,9 @@ class RequestEvents:
             end = start + 1
             while end < n and events[end][0] is record:
                 end += 1
-            self._learn(record, [e[1] for e in events[start:end]], events[end - 1][2])
+            times = [e[1] for e in events[start:end]] if end - start > 1 else [events[start][1]]
+            key = record.key
+            demand.observe_run(key, times, weigh(key, times) if weigh else [1.0] * len(times))
+            policy.on_requests(record, times)
+            after(record, times, events[end - 1][2])
             start = end
-
-    def _learn(self, record: ModelRecord, times: list[float], cold: bool) -> None:
-        key = record.key
-        weights = self._hot_weight(key, times) if self._hot_weight else [1.0] * len(times)
-        self._demand.observe_run(key, times, weights)
-        self._policy.on_requests(record, times)
-        self._after(record, times, cold)

@@ -134,9 +134,7 @@ class ModelManager:
         self.learning = RequestEvents(
             demand=self.demand,
             policy=self.admission.policy,
-            after=lambda record, times, cold: self.anticipation.after_requests(
-                record, times, cold=cold
-            ),
+            after=self.anticipation.after_requests,
             hot_weight=hot_weight.run if hot_weight is not None else None,
         )
         """Requests recorded on the request path, learnt once per loop turn."""
