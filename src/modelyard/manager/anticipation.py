@@ -1,7 +1,8 @@
 """What a request sets in motion beyond itself: predictions acted on, files warmed, the log.
 
-After each request the manager asks the :class:`~modelyard.manager.prefetch.Prefetcher`
-what to load ahead; this module carries the answer out (evict the victims it chose, load
+After each run of requests for one model (learnt once per loop turn:
+:mod:`~modelyard.manager.learning`) the manager asks the
+:class:`~modelyard.manager.prefetch.Prefetcher` what to load ahead; this module carries the answer out (evict the victims it chose, load
 the target as a prefetch, or warm the target's files in the page cache), counts prefetch
 hits, and writes the opt-in request log. See docs/caching.md.
 """
@@ -95,21 +96,14 @@ class Anticipation:
             else:
                 events.listeners.append(self._log_load)
 
-    def after_request(self, record: ModelRecord, now: float) -> None:
-        """Log the request, count a prefetch hit, and act on the next prediction."""
-        cold = not record.is_ready and record.reserved_bytes == 0
-        self.after_requests(record, (now,), cold)
-
     def after_requests(self, record: ModelRecord, times: Sequence[float], cold: bool) -> None:
-        """:meth:`after_request` for consecutive requests for ``record`` at ``times``
-        (ascending); ``cold``: the last of them found the model cold, holding no
-        reservation (its own load takes room too). One decision, after the last
-        (:meth:`Prefetcher.after_run`)."""
+        """Log consecutive requests for ``record`` at ``times`` (ascending) and act on the
+        prediction after the last (:meth:`Prefetcher.after_run`); ``cold``: the last
+        found the model cold, holding no reservation (its own load takes room too).
+        A prefetch hit is counted by the request itself (:meth:`count_hit`)."""
         if self.request_log is not None:
             for now in times:
                 self.request_log.request(record, now)
-        if record.prefetched_at is not None:
-            self.count_hit(record, times[0])
         # A cold request's own load takes room too (the simulator loads it first).
         own = self._admission.estimate_bytes(record) if cold else 0
         now = times[-1]
@@ -130,7 +124,7 @@ class Anticipation:
     def count_hit(record: ModelRecord, now: float) -> None:
         """The first request after a prefetch (``prefetched_at`` set), at ``now``: the
         load it did not wait for is hidden. Counted by the request itself (the manager's
-        ``touch``), as a request's own figure."""
+        ``touch``), as a request's own figure, before its batch is learnt."""
         if record.prefetched_at is None:
             return
         record.stats.prefetch_hits += 1
