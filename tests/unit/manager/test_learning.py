@@ -23,7 +23,7 @@ from tests.fakes.clock import FakeClock
 from tests.fakes.instance import FakeInstance
 
 MIB = 1024 * 1024
-NAMES = ("timer", "busy", "a", "b", "c")
+NAMES = ("timer", "busy", "a", "b", "c", "tick")
 
 
 class _Learners:
@@ -81,16 +81,17 @@ class _Learners:
 
 
 def _stream(seed: int) -> list[tuple[str, float]]:
-    """Runs of one model (bursts), a timer every 10 s, independent requests in between."""
+    """A metronome alone for 20 s (a pre-warm window from runs of requests), then runs of
+    one model (bursts), a timer every 10 s, independent requests in between."""
     rng = random.Random(seed)
-    out: list[tuple[str, float]] = []
-    t = 0.0
-    next_timer = 10.0
+    out: list[tuple[str, float]] = [("tick", 0.5 * i) for i in range(1, 41)]
+    t = 20.0
+    next_timer = 30.0
     while t < 400.0:
         if t >= next_timer:
             out.append(("timer", next_timer))
             next_timer += 10.0
-        name = rng.choice(NAMES[1:])
+        name = rng.choice(NAMES[1:-1])
         for _ in range(rng.choice((1, 1, 2, 5, 30))):
             t += rng.choice((0.0, 0.001, 0.05, 0.3, 1.5, 4.0))
             out.append((name, t))
@@ -128,6 +129,7 @@ async def test_a_batch_leaves_what_one_request_at_a_time_leaves() -> None:
         i += len(batch)
         now = batch[-1][1]
         assert batched.state(now) == one.state(now)
+    assert one.prefetcher.windows.window("tick") is not None, "the stream makes a window"
     assert events.learnt == len(stream)
     assert events.batches < len(stream) / 5
 
