@@ -2,9 +2,10 @@
 
 After each run of requests for one model (learnt once per loop turn:
 :mod:`~modelyard.manager.learning`) the manager asks the
-:class:`~modelyard.manager.prefetch.Prefetcher` what to load ahead; this module carries the answer out (evict the victims it chose, load
-the target as a prefetch, or warm the target's files in the page cache), counts prefetch
-hits, and writes the opt-in request log. See docs/caching.md.
+:class:`~modelyard.manager.prefetch.Prefetcher` what to load ahead; this module carries
+the answer out (evict the victims it chose, load the target as a prefetch, or warm the
+target's files in the page cache), counts prefetch hits, and writes the opt-in request
+log. See docs/caching.md.
 """
 
 from __future__ import annotations
