@@ -20,7 +20,7 @@ class FakeGpu:
 
 
 class FakeNvml:
-    """Implements :class:`modelyard.observability.nvml.Nvml` over :class:`FakeGpu` s."""
+    """Implements :class:`modelyard.manager.nvml.Nvml` over :class:`FakeGpu` s."""
 
     def __init__(self, *gpus: FakeGpu) -> None:
         self.gpus = list(gpus)

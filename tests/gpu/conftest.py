@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from modelyard.manager.nvml import open_nvml
 from modelyard.manager.records import ModelRecord
-from modelyard.observability.nvml import open_nvml
 
 
 def gpu_missing() -> str:

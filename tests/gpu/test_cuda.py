@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from modelyard.examples.mlp import build_mlp_onnx
-from modelyard.observability.nvml import open_nvml
+from modelyard.manager.nvml import open_nvml
 from tests.gpu.conftest import worker_gpu_bytes
 from tests.servers import running_server, write_config
 

@@ -11,7 +11,7 @@ from modelyard.config.devices import DeviceConfig, parse_device
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import ServerSettings
 from modelyard.manager.devices import DeviceTable
-from modelyard.observability.nvml import Nvml
+from modelyard.manager.nvml import Nvml
 from tests.fakes.nvml import GIB, FakeGpu, FakeNvml
 
 MIB = 1024 * 1024

@@ -50,6 +50,10 @@ _BUSY_POLL_S = 0.01
 _MAX_WAIT_S = 2.0
 
 
+def _learnt() -> None:
+    """Nothing to learn first (no request buffer)."""
+
+
 class Admission:
     """Reservations against the device budgets, with eviction to make room."""
 
@@ -77,6 +81,10 @@ class Admission:
         self.demand = demand
         """Recent demand per model (the hot-model rule; None: no such rule)."""
         self.hot_fraction = hot_fraction
+        self.settle: Callable[[], None] = _learnt
+        """Learns the requests recorded and not learnt yet (the manager's
+        ``RequestEvents.flush``): called before the hot set or a victim is chosen, so a
+        choice made in the turn of a request sees it (``learning.py``)."""
         self._waiting: set[tuple[str, Holder]] = set()
         """(device, holder) blocked in :meth:`admit` now: a load waits only for loads not
         waiting themselves (two growing after measuring would wait for each other)."""
@@ -86,6 +94,7 @@ class Admission:
         victims while colder models are evictable, or will be once their loads finish)."""
         if self.demand is None or self.hot_fraction <= 0:
             return {}
+        self.settle()
         return hot_set(
             self.demand, self.hot_fraction, self._clock.monotonic(), top_scale(self.policy),
             self.records(), self.budget,
@@ -418,6 +427,7 @@ class Admission:
         ends); those in ``hot`` come last, the least demanded of them first.
         """
         device = device or record.device
+        self.settle()  # the policy orders by what it learnt: every request so far
         skip = {*(exclude or {}), *awaited(self.records(), device)}
         candidates = [
             r

@@ -1,9 +1,11 @@
 """What a request sets in motion beyond itself: predictions acted on, files warmed, the log.
 
-After each request the manager asks the :class:`~modelyard.manager.prefetch.Prefetcher`
-what to load ahead; this module carries the answer out (evict the victims it chose, load
-the target as a prefetch, or warm the target's files in the page cache), counts prefetch
-hits, and writes the opt-in request log. See docs/caching.md.
+After each run of requests for one model (learnt once per loop turn:
+:mod:`~modelyard.manager.learning`) the manager asks the
+:class:`~modelyard.manager.prefetch.Prefetcher` what to load ahead; this module carries
+the answer out (evict the victims it chose, load the target as a prefetch, or warm the
+target's files in the page cache), counts prefetch hits, and writes the opt-in request
+log. See docs/caching.md.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,9 @@ class Anticipation:
             victims=self.victims,
         )
         self.tick_s = PREWARM_TICK_S
+        self.settle: Callable[[], None] = lambda: None
+        """Learns the requests not learnt yet (the manager's ``RequestEvents.flush``):
+        the timer's look at the pre-warm windows must see them."""
         self.request_log: RequestLog | None = None
         if settings.request_log.path:
             try:
@@ -92,31 +97,42 @@ class Anticipation:
             else:
                 events.listeners.append(self._log_load)
 
-    def after_request(self, record: ModelRecord, now: float) -> None:
-        """Log the request, count a prefetch hit, and act on the next prediction."""
+    def after_requests(self, record: ModelRecord, times: Sequence[float], cold: bool) -> None:
+        """Log consecutive requests for ``record`` at ``times`` (ascending) and act on the
+        prediction after the last (:meth:`Prefetcher.after_run`); ``cold``: the last
+        found the model cold, holding no reservation (its own load takes room too).
+        A prefetch hit is counted by the request itself (:meth:`count_hit`)."""
         if self.request_log is not None:
-            self.request_log.request(record)
-        if record.prefetched_at is not None:
-            # The first request after a prefetch: the load it did not wait for is hidden.
-            record.stats.prefetch_hits += 1
-            elapsed = now - record.prefetched_at
-            hidden = record.timings.total_s if record.is_ready else elapsed
-            record.stats.prefetch_hidden_s += max(0.0, min(hidden, elapsed))
-            record.prefetched_at = None
+            for now in times:
+                self.request_log.request(record, now)
         # A cold request's own load takes room too (the simulator loads it first).
-        cold = not record.is_ready and record.reserved_bytes == 0
         own = self._admission.estimate_bytes(record) if cold else 0
-        # The router leases the model after this call: until then it looks idle, and a
-        # prediction could pick the very model this request is about to use as a victim.
+        now = times[-1]
+        # The requests' leases may have ended by the time their batch is consumed: the
+        # model then looks idle, and a prediction could pick the very model asked for as
+        # a victim.
         self._asking = record
         try:
-            decision = self.prefetcher.after(
-                record.key.name, now, also_needed=own, turnover_s=lambda: self._turnover_s(now)
+            decision = self.prefetcher.after_run(
+                record.key.name, times, also_needed=own, turnover_s=lambda: self._turnover_s(now)
             )
         finally:
             self._asking = None
         if decision is not None:
             self._act(record, decision)
+
+    @staticmethod
+    def count_hit(record: ModelRecord, now: float) -> None:
+        """The first request after a prefetch (``prefetched_at`` set), at ``now``: the
+        load it did not wait for is hidden. Counted by the request itself (the manager's
+        ``touch``), as a request's own figure, before its batch is learnt."""
+        if record.prefetched_at is None:
+            return
+        record.stats.prefetch_hits += 1
+        elapsed = now - record.prefetched_at
+        hidden = record.timings.total_s if record.is_ready else elapsed
+        record.stats.prefetch_hidden_s += max(0.0, min(hidden, elapsed))
+        record.prefetched_at = None
 
     def start(self) -> None:
         """Look for opening pre-warm windows every :attr:`tick_s`, requests or not."""
@@ -126,6 +142,7 @@ class Anticipation:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(self.tick_s)
+            self.settle()
             now = self._clock.monotonic()
             decision = self.prefetcher.tick(now, turnover_s=partial(self._turnover_s, now))
             if decision is not None:

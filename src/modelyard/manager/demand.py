@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
+from itertools import repeat
 
 __all__ = ["DEFAULT_HALF_LIFE_S", "PENDING_MAX", "DemandTracker"]
 
@@ -45,6 +46,17 @@ class DemandTracker:
         """Count one request for ``key`` at ``now`` (folded in at the next read)."""
         pending = self._pending
         pending.append((key, now, weight))
+        if len(pending) >= PENDING_MAX:
+            self._fold()
+
+    def observe_run(self, key: Hashable, times: Sequence[float], weights: Sequence[float]) -> None:
+        """Count requests for ``key`` at ``times`` (ascending), each of its ``weights``:
+        the same as one :meth:`observe` per request, in order."""
+        pending = self._pending
+        if len(times) == 1:
+            pending.append((key, times[0], weights[0]))
+        else:
+            pending.extend(zip(repeat(key), times, weights, strict=False))
         if len(pending) >= PENDING_MAX:
             self._fold()
 

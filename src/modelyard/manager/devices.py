@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from modelyard.config.devices import DeviceConfig, DeviceName
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.units import MIB
-from modelyard.observability.nvml import Nvml, open_nvml
+from modelyard.manager.nvml import Nvml, open_nvml
 
 __all__ = ["Device", "DeviceTable", "default_budget_bytes"]
 

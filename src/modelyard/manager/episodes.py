@@ -13,7 +13,7 @@ ranked per MiB, 0.702x -> 0.694x; BENCHMARKS.md §17 session 9). Pure; no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 from modelyard.manager.eviction import CORRELATED_S, ArrivalCostPolicy, EvictionPolicy
 
@@ -41,6 +41,20 @@ class EpisodeWeights:
         if last is None:
             return 1.0
         return min(1.0, max(0.0, now - last) / self.correlated_s)
+
+    def run(self, key: Hashable, times: Sequence[float]) -> list[float]:
+        """The weights of requests for ``key`` at ``times`` (ascending): one call per
+        request, in order, without a call each."""
+        last = self._last.get(key)
+        if last is None and len(self._last) >= self._max_models:
+            return [1.0] * len(times)
+        correlated = self.correlated_s
+        weights = []
+        for now in times:
+            weights.append(1.0 if last is None else min(1.0, max(0.0, now - last) / correlated))
+            last = now
+        self._last[key] = times[-1]
+        return weights
 
 
 def hot_weights(policy: EvictionPolicy) -> EpisodeWeights | None:

@@ -61,6 +61,11 @@ class EvictionPolicy(Protocol):
         """Told of every request (at ``now``, on the manager's clock)."""
         ...
 
+    def on_requests(self, record: ModelRecord, times: Sequence[float]) -> None:
+        """Told of consecutive requests for ``record`` at ``times`` (ascending): the
+        same as :meth:`on_request` for each, in order (the manager tells in batches)."""
+        ...
+
 
 def _front(record: ModelRecord) -> tuple[bool, int]:
     """The rules every policy applies first: idle before busy, less important first."""
@@ -82,6 +87,9 @@ class LruPolicy:
     def on_request(self, record: ModelRecord, now: float) -> None:
         """LRU reads ``stats.last_used``, which the manager keeps."""
 
+    def on_requests(self, record: ModelRecord, times: Sequence[float]) -> None:
+        """LRU keeps no request state."""
+
 
 class LfuPolicy:
     """Least frequently used first (all-time request counts), ties by least recent use."""
@@ -97,6 +105,9 @@ class LfuPolicy:
 
     def on_request(self, record: ModelRecord, now: float) -> None:
         """The manager counts requests in ``stats.requests``."""
+
+    def on_requests(self, record: ModelRecord, times: Sequence[float]) -> None:
+        """LFU keeps no request state."""
 
 
 # A model never loaded yet is assumed to cost this much to bring back.
@@ -148,6 +159,9 @@ class CostAwarePolicy:
     def on_request(self, record: ModelRecord, now: float) -> None:
         """GDSF reads ``stats.requests``, which the manager keeps."""
 
+    def on_requests(self, record: ModelRecord, times: Sequence[float]) -> None:
+        """GDSF keeps no request state."""
+
 
 class DecayedGdsfPolicy(CostAwarePolicy):
     """GDSF with a decayed frequency: ``H = L + demand * reload_seconds / size``.
@@ -172,6 +186,11 @@ class DecayedGdsfPolicy(CostAwarePolicy):
         """Count the request and move the policy's notion of now forward."""
         self.now = max(self.now, now)
         self.demand.observe(record.key, now)
+
+    def on_requests(self, record: ModelRecord, times: Sequence[float]) -> None:
+        """:meth:`on_request` for each of ``times``, in order."""
+        self.now = max(self.now, *times)
+        self.demand.observe_run(record.key, times, [1.0] * len(times))
 
 
 RATE_HALF_LIFE_S = 1800.0
@@ -312,20 +331,30 @@ class ArrivalCostPolicy:
 
     def on_request(self, record: ModelRecord, now: float) -> None:
         """Count the request as (part of) an episode and record the gap it ends."""
+        self.on_requests(record, (now,))
+
+    def on_requests(self, record: ModelRecord, times: Sequence[float]) -> None:
+        """:meth:`on_request` for each of ``times`` (consecutive requests for ``record``),
+        in order: the same counts, gaps and episodes, with one lookup per run."""
         key = record.key
-        self.now = max(self.now, now)
-        self._cost_of(record)
+        self.now = max(self.now, *times)
+        self._cost_of(record)  # reads the record only: once per run is the same
         last = self._last.get(key)
-        weight = 1.0
-        if last is not None:
-            gap = max(0.0, now - last)
-            weight = min(1.0, gap / self.correlated_s) if self.correlated_s > 0 else 1.0
-            if gap >= self.correlated_s:
-                self.gaps.add(key, gap)
-        self._last[key] = now
-        self.episodes.observe(key, now, weight)
+        correlated = self.correlated_s
+        weights = []
+        for now in times:
+            weight = 1.0
+            if last is not None:
+                gap = max(0.0, now - last)
+                weight = min(1.0, gap / correlated) if correlated > 0 else 1.0
+                if gap >= correlated:
+                    self.gaps.add(key, gap)
+            last = now
+            weights.append(weight)
+        self._last[key] = times[-1]
+        self.episodes.observe_run(key, times, weights)
         if self.time_of_day is not None:
-            self.time_of_day.observe(key, now, weight)
+            self.time_of_day.observe_run(key, times, weights)
 
 
 class BeladyPolicy:
@@ -353,6 +382,9 @@ class BeladyPolicy:
 
     def on_request(self, record: ModelRecord, now: float) -> None:
         """Belady reads the future, not the past."""
+
+    def on_requests(self, record: ModelRecord, times: Sequence[float]) -> None:
+        """Belady keeps no request state."""
 
 
 def make_policy(

@@ -127,18 +127,7 @@ class Loader:
         """
         if record.is_ready:
             return record
-        if self._tasks.closing:
-            raise ModelNotReadyError("server is shutting down")
-        entry = self._registry.entries.get(record.key.name)
-        if entry is None or entry.versions.get(record.key.version) is not record:
-            raise ModelNotFoundError(f"model {record.key} was removed from the repository")
-        if record.state is ModelState.FAILED:
-            if not cold_start:
-                record.backoff.reset()
-            wait_s = record.backoff.wait_s(self._clock.monotonic(), record.path)
-            if wait_s > 0:
-                # Don't retry a broken model on every request: say why, and when to retry.
-                raise ModelLoadError(_load_failure(record), retry_after_s=wait_s)
+        self._check_loadable(record, cold_start)
         started = self._clock.monotonic()
         counted = False
         try:
@@ -152,23 +141,7 @@ class Loader:
                     if cold_start and not counted:
                         record.stats.cold_starts += 1
                         counted = True
-                timeout = None if deadline is None else max(0.0, deadline - self._clock.monotonic())
-                record.requests_awaiting_load += int(cold_start)
-                try:
-                    await asyncio.wait_for(asyncio.shield(task), timeout)
-                except TimeoutError:
-                    raise DeadlineExceededError(
-                        f"model {record.key} is still loading; the request's deadline passed"
-                    ) from None
-                except asyncio.CancelledError:
-                    me = asyncio.current_task()
-                    if me is not None and me.cancelling():
-                        raise  # this caller was cancelled, not the load
-                    raise ModelNotReadyError(
-                        f"the load of {record.key} was stopped: {record.reason or 'cancelled'}"
-                    ) from None
-                finally:
-                    record.requests_awaiting_load -= int(cold_start)
+                await self._wait_for_load(record, task, deadline, cold_start)
                 if record.state is ModelState.FAILED:
                     wait_s = record.backoff.wait_s(self._clock.monotonic(), record.path)
                     raise ModelLoadError(_load_failure(record), retry_after_s=wait_s or None)
@@ -180,6 +153,49 @@ class Loader:
             if cold_start:
                 record.stats.cold_start_s_total += self._clock.monotonic() - started
         raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
+
+    def _check_loadable(self, record: ModelRecord, cold_start: bool) -> None:
+        """Raise when ``record`` is not to be loaded now: the server is closing, the
+        version was removed, or it failed and its backoff has not passed (an explicit
+        load, not ``cold_start``, retries at once)."""
+        if self._tasks.closing:
+            raise ModelNotReadyError("server is shutting down")
+        entry = self._registry.entries.get(record.key.name)
+        if entry is None or entry.versions.get(record.key.version) is not record:
+            raise ModelNotFoundError(f"model {record.key} was removed from the repository")
+        if record.state is ModelState.FAILED:
+            if not cold_start:
+                record.backoff.reset()
+            wait_s = record.backoff.wait_s(self._clock.monotonic(), record.path)
+            if wait_s > 0:
+                # Don't retry a broken model on every request: say why, and when to retry.
+                raise ModelLoadError(_load_failure(record), retry_after_s=wait_s)
+
+    async def _wait_for_load(
+        self,
+        record: ModelRecord,
+        task: asyncio.Task[None],
+        deadline: float | None,
+        cold_start: bool,
+    ) -> None:
+        """Wait for the shared load ``task`` until ``deadline`` without cancelling it."""
+        timeout = None if deadline is None else max(0.0, deadline - self._clock.monotonic())
+        record.requests_awaiting_load += int(cold_start)
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout)
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"model {record.key} is still loading; the request's deadline passed"
+            ) from None
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():
+                raise  # this caller was cancelled, not the load
+            raise ModelNotReadyError(
+                f"the load of {record.key} was stopped: {record.reason or 'cancelled'}"
+            ) from None
+        finally:
+            record.requests_awaiting_load -= int(cold_start)
 
     def fail(self, record: ModelRecord, reason: str, event: str) -> None:
         """Mark a genuine load failure: FAILED with its reason, retried after a backoff."""
@@ -202,125 +218,139 @@ class Loader:
                 async with self._admission.changed:
                     await self._admission.changed.wait()
             t0 = self._clock.monotonic()
-            load_timeout_s = record.config.load_timeout_s
-            deadline = t0 + load_timeout_s
-            try:
-                if self._settings.require_manifest or has_manifest(record.path):
-                    verified = await asyncio.to_thread(
-                        verify_manifest,
-                        record.path,
-                        public_keys=self._public_keys,
-                        require=self._settings.require_manifest,
-                    )
-                else:
-                    # No manifest to hash: one stat, not a thread hop (1-5 ms on a busy
-                    # machine, on every switch's path).
-                    verified = False
-            except ServerError as exc:
-                self.fail(record, str(exc), "verify_failed")
+            deadline = t0 + record.config.load_timeout_s
+            if not await self._verify(record):
                 return
-            if not verified and record.stats.loads == 0:
-                self._say_unverified(record)
             need = self._admission.estimate_bytes(record)
-            gone = leave_lost_device(record, self.placer, self._admission)
-            try:
-                placement = self.placer.place(record, need, may_evict=not prefetch)
-            except ModelLoadError as exc:
-                if prefetch:
-                    return
-                # No allowed device can run it (a CUDA device missing and no fallback in
-                # its list): a genuine failure, retried after the backoff.
-                self.fail(record, str(exc), "load_failed")
+            if not self._place(record, need, prefetch):
                 return
-            except ServerError as exc:
-                if prefetch:
-                    return
-                self.set_state(record, ModelState.FAILED, str(exc))
-                self.events.add("load_refused", record.key, str(exc))
-                raise
-            record.device = placement.device
-            if gone:  # a cluster node was lost
-                self.events.add("moved", record.key, f"from {gone} to {placement.reason}")
-            elif placement.had_choice:  # one allowed device: nothing was decided
-                self.events.add("placed", record.key, placement.reason)
-                log.info("placing %s: %s", record.key, placement.reason)
-            try:
-                # A GGUF model on a GPU: its layers split between the GPU and the host.
-                await self.placer.offload.admit(record, need, deadline, may_evict=not prefetch)
-            except DeadlineExceededError:
-                if prefetch:
-                    return
-                self.fail(
-                    record,
-                    f"model {record.key} waited for memory longer than its load timeout "
-                    f"({record.config.load_timeout_s * 1000:g} ms)",
-                    "load_failed",
+            if not await self._admit(record, need, deadline, prefetch):
+                return
+            self.set_state(record, ModelState.LOADING, _loading_reason(record))
+            if await self._start_within(record, t0, deadline):
+                self._loaded(record, t0)
+
+    async def _verify(self, record: ModelRecord) -> bool:
+        """Check ``record``'s manifest if it has one (or one is required); False: it
+        failed (the model is FAILED with the reason)."""
+        try:
+            if self._settings.require_manifest or has_manifest(record.path):
+                verified = await asyncio.to_thread(
+                    verify_manifest,
+                    record.path,
+                    public_keys=self._public_keys,
+                    require=self._settings.require_manifest,
                 )
-                return
-            except ServerError as exc:
-                if prefetch:
-                    return  # a guess that no longer fits is simply dropped
-                # A refusal is not the model's fault: the next request asks the budget
-                # again (that costs no load), so no backoff.
-                self.set_state(record, ModelState.FAILED, str(exc))
-                self.events.add("load_refused", record.key, str(exc))
-                raise
-            # Keep a restart's reason ("worker died …") visible while this load runs, and
-            # a retried failure's, so the index never hides why the model is not ready.
-            if record.state is ModelState.LOADING:
-                reason = record.reason
-            elif record.state is ModelState.FAILED:
-                reason = f"retrying after: {record.reason}"
             else:
-                reason = ""
-            self.set_state(record, ModelState.LOADING, reason)
-            try:
-                async with asyncio.timeout(max(0.0, deadline - self._clock.monotonic())):
-                    async with self._slots or contextlib.nullcontext():
-                        # The wait for a slot is queueing, not the load's own time.
-                        record.timings.queue_wait_s = self._clock.monotonic() - t0
-                        await self._start_instance(record)
-            except BaseException as exc:
-                # Stop what was started before giving the memory back (invariant 1).
-                await self.drop_instance(record)
-                self._admission.release(record)
-                if isinstance(exc, asyncio.CancelledError):
-                    # Removed, or the server is closing: not the model's fault.
-                    self.set_state(record, ModelState.FAILED, "load cancelled")
-                    raise
-                if isinstance(exc, TimeoutError):
-                    reason = (
-                        f"model {record.key} did not load within its load timeout "
-                        f"({record.config.load_timeout_s * 1000:g} ms)"
-                    )
-                elif isinstance(exc, ServerError):
-                    reason = str(exc)
-                else:
-                    reason = f"{type(exc).__name__}: {exc}"
-                self.fail(record, reason, "load_failed")
-                if not isinstance(exc, Exception):
-                    raise
-                return
-            record.backoff.reset()
-            record.timings.total_s = self._clock.monotonic() - t0
-            record.stats.loads += 1
-            self.events.add(
-                "loaded",
-                record.key,
-                f"in {record.timings.total_s * 1000:.1f} ms, {footprint_note(record)}",
-                duration_s=record.timings.total_s,
+                # No manifest to hash: one stat, not a thread hop (1-5 ms on a busy
+                # machine, on every switch's path).
+                verified = False
+        except ServerError as exc:
+            self.fail(record, str(exc), "verify_failed")
+            return False
+        if not verified and record.stats.loads == 0:
+            self._say_unverified(record)
+        return True
+
+    def _place(self, record: ModelRecord, need: int, prefetch: bool) -> bool:
+        """Choose ``record``'s device; False: a prefetch with nowhere to go, or a
+        failure (FAILED). A refusal (no room now) is raised to the waiting requests."""
+        gone = leave_lost_device(record, self.placer, self._admission)
+        try:
+            placement = self.placer.place(record, need, may_evict=not prefetch)
+        except ModelLoadError as exc:
+            if prefetch:
+                return False
+            # No allowed device can run it (a CUDA device missing and no fallback in
+            # its list): a genuine failure, retried after the backoff.
+            self.fail(record, str(exc), "load_failed")
+            return False
+        except ServerError as exc:
+            if prefetch:
+                return False
+            self._refused(record, exc)
+            raise
+        record.device = placement.device
+        if gone:  # a cluster node was lost
+            self.events.add("moved", record.key, f"from {gone} to {placement.reason}")
+        elif placement.had_choice:  # one allowed device: nothing was decided
+            self.events.add("placed", record.key, placement.reason)
+            log.info("placing %s: %s", record.key, placement.reason)
+        return True
+
+    async def _admit(self, record: ModelRecord, need: int, deadline: float, prefetch: bool) -> bool:
+        """Reserve ``record``'s memory on its device by ``deadline``; False: a prefetch
+        that no longer fits, or the wait ran out (FAILED). A refusal is raised."""
+        try:
+            # A GGUF model on a GPU: its layers split between the GPU and the host.
+            await self.placer.offload.admit(record, need, deadline, may_evict=not prefetch)
+        except DeadlineExceededError:
+            if prefetch:
+                return False
+            self.fail(
+                record,
+                f"model {record.key} waited for memory longer than its load timeout "
+                f"({record.config.load_timeout_s * 1000:g} ms)",
+                "load_failed",
             )
-            log.info(
-                "loaded %s in %.1f ms (queue %.1f, start %.1f, load %.1f, warm-up %.1f ms); "
-                "footprint %s",
-                record.key,
-                record.timings.total_s * 1000,
-                record.timings.queue_wait_s * 1000,
-                record.timings.process_start_s * 1000,
-                record.timings.runtime_load_s * 1000,
-                record.timings.warmup_s * 1000,
-                footprint_note(record),
-            )
+            return False
+        except ServerError as exc:
+            if prefetch:
+                return False  # a guess that no longer fits is simply dropped
+            # A refusal is not the model's fault: the next request asks the budget
+            # again (that costs no load), so no backoff.
+            self._refused(record, exc)
+            raise
+        return True
+
+    def _refused(self, record: ModelRecord, exc: ServerError) -> None:
+        self.set_state(record, ModelState.FAILED, str(exc))
+        self.events.add("load_refused", record.key, str(exc))
+
+    async def _start_within(self, record: ModelRecord, t0: float, deadline: float) -> bool:
+        """Start ``record``'s instance (in a load slot) by ``deadline``; False: it
+        failed (FAILED, its reservation released). Cancellation propagates."""
+        try:
+            async with asyncio.timeout(max(0.0, deadline - self._clock.monotonic())):
+                async with self._slots or contextlib.nullcontext():
+                    # The wait for a slot is queueing, not the load's own time.
+                    record.timings.queue_wait_s = self._clock.monotonic() - t0
+                    await self._start_instance(record)
+        except BaseException as exc:
+            # Stop what was started before giving the memory back (invariant 1).
+            await self.drop_instance(record)
+            self._admission.release(record)
+            if isinstance(exc, asyncio.CancelledError):
+                # Removed, or the server is closing: not the model's fault.
+                self.set_state(record, ModelState.FAILED, "load cancelled")
+                raise
+            self.fail(record, _start_failure(record, exc), "load_failed")
+            if not isinstance(exc, Exception):
+                raise
+            return False
+        return True
+
+    def _loaded(self, record: ModelRecord, t0: float) -> None:
+        record.backoff.reset()
+        record.timings.total_s = self._clock.monotonic() - t0
+        record.stats.loads += 1
+        self.events.add(
+            "loaded",
+            record.key,
+            f"in {record.timings.total_s * 1000:.1f} ms, {footprint_note(record)}",
+            duration_s=record.timings.total_s,
+        )
+        log.info(
+            "loaded %s in %.1f ms (queue %.1f, start %.1f, load %.1f, warm-up %.1f ms); "
+            "footprint %s",
+            record.key,
+            record.timings.total_s * 1000,
+            record.timings.queue_wait_s * 1000,
+            record.timings.process_start_s * 1000,
+            record.timings.runtime_load_s * 1000,
+            record.timings.warmup_s * 1000,
+            footprint_note(record),
+        )
 
     async def spawn(
         self, record: ModelRecord, device: str, *, defer_footprint: bool = False
@@ -424,3 +454,25 @@ class Loader:
                         await self.refresh_devices()
         self._admission.release(record)
         self.fail(record, f"worker died ({reason}); restarts failed", "restart_failed")
+
+
+def _loading_reason(record: ModelRecord) -> str:
+    """The reason a load shows while it runs: a restart's ("worker died …") or a
+    retried failure's stays visible, so the index never hides why it is not ready."""
+    if record.state is ModelState.LOADING:
+        return record.reason
+    if record.state is ModelState.FAILED:
+        return f"retrying after: {record.reason}"
+    return ""
+
+
+def _start_failure(record: ModelRecord, exc: BaseException) -> str:
+    """Why starting ``record``'s instance failed, as its FAILED reason says it."""
+    if isinstance(exc, TimeoutError):
+        return (
+            f"model {record.key} did not load within its load timeout "
+            f"({record.config.load_timeout_s * 1000:g} ms)"
+        )
+    if isinstance(exc, ServerError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

@@ -27,6 +27,7 @@ from modelyard.manager.devices import DeviceTable, default_budget_bytes
 from modelyard.manager.episodes import hot_weights
 from modelyard.manager.events import EventLog
 from modelyard.manager.eviction import DemandTracker, EvictionPolicy, demand_scale, make_policy
+from modelyard.manager.learning import RequestEvents
 from modelyard.manager.loader import InstanceFactory, Loader
 from modelyard.manager.placement import Placer
 from modelyard.manager.prefetch import MarkovPredictor, Prefetcher
@@ -92,7 +93,6 @@ class ModelManager:
             hot_fraction=0.1 if settings.protect_hot else 0.0,
         )
         self.demand.scale = demand_scale(self.admission.policy)  # the hot rule's time of day
-        self._hot_weight = hot_weights(self.admission.policy)  # ... and its bursts (episodes)
         self.placer = Placer(self.devices, self.admission, self.events)
         self._loader = Loader(
             settings,
@@ -130,6 +130,16 @@ class ModelManager:
             free_bytes=self._free_bytes_for,
         )
         self.anticipation.prefetcher.pair(self.admission.policy)  # pre-warmed: evict first
+        hot_weight = hot_weights(self.admission.policy)  # the hot rule's bursts (episodes)
+        self.learning = RequestEvents(
+            demand=self.demand,
+            policy=self.admission.policy,
+            after=self.anticipation.after_requests,
+            hot_weight=hot_weight.run if hot_weight is not None else None,
+        )
+        """Requests recorded on the request path, learnt once per loop turn."""
+        self.admission.settle = self.learning.flush
+        self.anticipation.settle = self.learning.flush
         for cfg in settings.models:
             entry = self.add_model(cfg)
             if not entry.versions:
@@ -278,6 +288,7 @@ class ModelManager:
         if record.state is not ModelState.READY:
             return
         record.stats.evictions += 1
+        self.learning.flush()  # the policy's bookkeeping of a victim reads what it learnt
         if record.prefetched_at is not None:
             record.prefetched_at = None
             record.stats.prefetch_wasted += 1
@@ -361,6 +372,7 @@ class ModelManager:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         await self._unload(record, reason=reason)
+        self.learning.flush()  # its requests are learnt before it is forgotten
         self.demand.forget(record.key)
         self.events.add("removed", record.key, reason)
 
@@ -414,11 +426,13 @@ class ModelManager:
         return max(free, default=0)
 
     def touch(self, record: ModelRecord) -> None:
-        """Note a request: LRU, demand, the policy, the request log and the predictors."""
+        """Note a request: LRU recency, the request count and a prefetch hit now; the
+        rest (demand, the policy, the request log, the predictors) is learnt at the end
+        of the loop's turn (:class:`~modelyard.manager.learning.RequestEvents`)."""
         now = self.clock.monotonic()
-        record.stats.last_used = now
-        record.stats.requests += 1
-        weight = self._hot_weight(record.key, now) if self._hot_weight else 1.0
-        self.demand.observe(record.key, now, weight)
-        self.policy.on_request(record, now)
-        self.anticipation.after_request(record, now)
+        stats = record.stats
+        stats.last_used = now
+        stats.requests += 1
+        if record.prefetched_at is not None:
+            Anticipation.count_hit(record, now)
+        self.learning.record(record, now)

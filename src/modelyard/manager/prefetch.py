@@ -149,15 +149,24 @@ class ArrivalHistograms:
 
     def observe(self, model: str, now: float) -> None:
         """Record a request for ``model`` at ``now``."""
+        self.observe_run(model, (now,))
+
+    def observe_run(self, model: str, times: Sequence[float]) -> None:
+        """:meth:`observe` for consecutive requests for ``model`` at ``times``, in order."""
         a = self._models.get(model)
         if a is None:
-            if len(self._models) < self._max_models:
-                self._models[model] = _Arrivals(now, now)
-            return
-        gap = now - a.last
-        a.gaps[bisect.bisect_left(_EDGES, gap)] += 1
-        a.last = now
-        a.count += 1
+            if len(self._models) >= self._max_models:
+                return
+            a = self._models[model] = _Arrivals(times[0], times[0])
+            times = times[1:]
+            if not times:
+                return
+        last, bins, edges, find = a.last, a.gaps, _EDGES, bisect.bisect_left
+        for now in times:
+            bins[find(edges, now - last)] += 1
+            last = now
+        a.last = last
+        a.count += len(times)
 
     def p_within(self, model: str, now: float, horizon_s: float) -> float:
         """P(``model`` is asked for within ``horizon_s`` of ``now``), given its idle time.
@@ -237,13 +246,33 @@ class Prefetcher:
         evicted before its use anyway, so its expected reload is taken over at most
         that long instead of ``horizon_s``.
         """
+        return self.after_run(model, (now,), also_needed=also_needed, turnover_s=turnover_s)
+
+    def after_run(
+        self,
+        model: str,
+        times: Sequence[float],
+        *,
+        also_needed: int = 0,
+        turnover_s: Callable[[], float] | None = None,
+    ) -> PrefetchDecision | None:
+        """:meth:`after` for consecutive requests for ``model`` at ``times`` (ascending):
+        the predictors learn each request, in order; the decision is taken once, after
+        the last (``also_needed`` is that request's).
+
+        The state learnt is exactly that of one :meth:`after` per request. The decision
+        is the last one's: after the earlier requests of a run, the chain predicts the
+        same successor, and an action on it would have left the target loading (no
+        decision after) or its files warmed (at most once in 30 s).
+        """
         cfg = self._config
         if not cfg.enabled:
             return None
-        self.predictor.observe(model)
-        self.histograms.observe(model, now)
+        self.predictor.observe(model)  # the run's later requests repeat it: no transition
+        self.histograms.observe_run(model, times)
         if cfg.prewarm:
-            self.windows.observe(model, now, self._lead_s)
+            self.windows.observe_run(model, times, self._lead_s)
+        now = times[-1]
         decision = self._markov(model, now, also_needed, turnover_s)
         if cfg.prewarm and (decision is None or not decision.load):
             decision = self._prewarm(now, also_needed, turnover_s) or decision

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 HEAD = 0.05
@@ -91,18 +91,35 @@ class PrewarmWindows:
 
         ``lead_s`` may be a function of the model, asked only when a window opens (the
         prefetcher's looks the model up; most requests need no lead at all)."""
+        self.observe_run(model, (now,), lead_s)
+
+    def observe_run(
+        self, model: str, times: Sequence[float], lead_s: float | Callable[[str], float] = 0.0
+    ) -> None:
+        """:meth:`observe` for consecutive requests for ``model`` at ``times`` (ascending).
+
+        The same gaps, last request and window as one call each: only the window after
+        the last request is computed and scheduled (those after the others would be
+        superseded entries of the heap, skipped by :meth:`due`)."""
         m = self._models.get(model)
         self._due.pop(model, None)  # asked for: whatever window was open is over
         if m is None:
-            if len(self._models) < self._max_models:
-                self._models[model] = _Model(model, now, deque(maxlen=self.keep))
-            return
-        m.gaps.append(now - m.last)
-        m.last = now
+            if len(self._models) >= self._max_models:
+                return
+            m = self._models[model] = _Model(model, times[0], deque(maxlen=self.keep))
+            if len(times) == 1:
+                return
+            times = times[1:]
+        last = m.last
+        gaps = m.gaps
+        for now in times:
+            gaps.append(now - last)
+            last = now
+        m.last = last
         m.window = window = self._window(m)
         if window is not None:
             m.lead_s = lead_s(model) if callable(lead_s) else lead_s
-            heapq.heappush(self._heap, (window.opens - m.lead_s, now, model))
+            heapq.heappush(self._heap, (window.opens - m.lead_s, last, model))
 
     def window(self, model: str) -> Window | None:
         """``model``'s next window from its last request, if its gaps agree (else None)."""

@@ -87,6 +87,26 @@ class ModelRegistry:
             entry.aliases[DEFAULT_ALIAS] = AliasRoute(((default, 1.0),))
         return entry
 
+    def _check_may_discover(self, name: str, existing: ModelEntry | None) -> None:
+        """Raise unless a load over the API may (re)register ``name``: ``remote_load``
+        enabled, not a declared model (unless allowed), not loaded now."""
+        policy = self._settings.remote_load
+        if not policy.enabled:
+            raise InvalidInputError(
+                f"model {name!r}: loading undeclared models or configs over the API is "
+                "disabled (remote_load.enabled)"
+            )
+        declared = any(m.name == name for m in self._settings.models)
+        if declared and not policy.allow_reconfigure_declared:
+            raise InvalidInputError(
+                f"model {name!r} is declared in the server's configuration; a load request "
+                "cannot reconfigure it (remote_load.allow_reconfigure_declared)"
+            )
+        if existing is not None and any(r.state in RESIDENT for r in existing.versions.values()):
+            raise ModelStateConflictError(
+                f"model {name!r} is loaded; unload it before loading it with a new config"
+            )
+
     def discover(self, name: str, config: Mapping[str, Any] | None = None) -> ModelEntry:
         """Register a model folder of the repository that the YAML does not list.
 
@@ -105,21 +125,7 @@ class ModelRegistry:
         existing = self.entries.get(name)
         if existing is not None and not config:
             return existing
-        if not policy.enabled:
-            raise InvalidInputError(
-                f"model {name!r}: loading undeclared models or configs over the API is "
-                "disabled (remote_load.enabled)"
-            )
-        declared = any(m.name == name for m in self._settings.models)
-        if declared and not policy.allow_reconfigure_declared:
-            raise InvalidInputError(
-                f"model {name!r} is declared in the server's configuration; a load request "
-                "cannot reconfigure it (remote_load.allow_reconfigure_declared)"
-            )
-        if existing is not None and any(r.state in RESIDENT for r in existing.versions.values()):
-            raise ModelStateConflictError(
-                f"model {name!r} is loaded; unload it before loading it with a new config"
-            )
+        self._check_may_discover(name, existing)
         root = self._settings.repository_root
         own_folder = folder_in_repository(root, name, f"model {name!r}")
         raw = dict(config or {})
@@ -133,16 +139,7 @@ class ModelRegistry:
         fields["path"] = str(folder)
         if "runtime" not in fields:
             fields["runtime"] = guess_runtime(folder)
-        try:
-            model_config = ModelConfig.model_validate(fields)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}"
-                for e in exc.errors()
-            )
-            raise InvalidInputError(f"invalid config for model {name!r}: {problems}") from None
-        if model_config.name != name:
-            raise InvalidInputError(f"config names model {model_config.name!r}, not {name!r}")
+        model_config = _validated(name, fields)
         check_config(model_config, folder, own_folder, policy)
         if not folder.is_dir():
             folders = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")}
@@ -291,3 +288,18 @@ class ModelRegistry:
         for record in entry.versions.values():
             record.pinned = pinned
         return entry
+
+
+def _validated(name: str, fields: dict[str, Any]) -> ModelConfig:
+    """``fields`` as the ModelConfig of model ``name``; InvalidInputError naming each
+    problem (and a config naming another model)."""
+    try:
+        model_config = ModelConfig.model_validate(fields)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()
+        )
+        raise InvalidInputError(f"invalid config for model {name!r}: {problems}") from None
+    if model_config.name != name:
+        raise InvalidInputError(f"config names model {model_config.name!r}, not {name!r}")
+    return model_config

@@ -42,9 +42,9 @@ class RequestLog:
         if load_slots is not None:
             self._write({"event": "start", "load_slots": load_slots})
 
-    def request(self, record: ModelRecord) -> None:
-        """Log a request for ``record``."""
-        self._write({"model": record.key.name, "version": record.key.version})
+    def request(self, record: ModelRecord, now: float | None = None) -> None:
+        """Log a request for ``record`` (at ``now``, on the clock; default: now)."""
+        self._write({"model": record.key.name, "version": record.key.version}, now)
 
     def loaded(self, record: ModelRecord) -> None:
         """Log a finished load of ``record``: its reservation and how long it took.
@@ -64,11 +64,13 @@ class RequestLog:
             }
         )
 
-    def _write(self, row: dict[str, object]) -> None:
+    def _write(self, row: dict[str, object], at: float | None = None) -> None:
         if self._file is None:
             return
         now = self._clock.monotonic()
-        line = json.dumps({"t": round(now - self._origin, 6), **row}) + "\n"
+        if at is None:
+            at = now
+        line = json.dumps({"t": round(at - self._origin, 6), **row}) + "\n"
         if self._written + len(line) > self.max_bytes:
             log.warning("request log %s is full at %d bytes", self.path, self.max_bytes)
             self.close()

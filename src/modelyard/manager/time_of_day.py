@@ -13,7 +13,7 @@ I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 DAY_S = 86_400.0
 MIN_SHARED_BINS = 5
@@ -75,6 +75,20 @@ class TimeOfDay:
             counts = self._counts[key] = [0.0] * (2 * self.bins)
         # Even periods in the first half, odd ones in the second (see :meth:`weight`).
         counts[self._bin(now) + self.bins * (int(now // self.period_s) % 2)] += weight
+
+    def observe_run(self, key: Hashable, times: Sequence[float], weights: Sequence[float]) -> None:
+        """:meth:`observe` for each of ``times`` with its weight, in order."""
+        if self._start is None:
+            self._start = times[0]
+        counts = self._counts.get(key)
+        if counts is None:
+            if len(self._counts) >= self._max_models:
+                return
+            counts = self._counts[key] = [0.0] * (2 * self.bins)
+        bins, period = self.bins, self.period_s
+        for now, weight in zip(times, weights, strict=True):
+            at = min(bins - 1, int(now % period / period * bins))
+            counts[at + bins * (int(now // period) % 2)] += weight
 
     def factor(self, key: Hashable, now: float) -> float:
         """How many times its daily average ``key`` is asked for from now to the end of

@@ -64,26 +64,8 @@ class ManagerCollector:
             f["modelyard_model_prefetch_wasted"].add_metric(mv, st.prefetch_wasted)
             f["modelyard_model_prefetch_hidden_seconds"].add_metric(mv, st.prefetch_hidden_s)
             f["modelyard_model_page_cache_warms"].add_metric(mv, st.page_cache_warms)
-            if record.scheduler is not None:
-                stats = record.scheduler.snapshot()
-                f["modelyard_scheduler_queued_requests"].add_metric(mv, stats.queue_depth)
-                f["modelyard_scheduler_running_requests"].add_metric(mv, stats.running_requests)
-                breaker = BREAKER_STATE_VALUES.get(stats.breaker_state)
-                if breaker is not None:
-                    f["modelyard_scheduler_breaker_state"].add_metric(mv, breaker)
-                f["modelyard_scheduler_breaker_opened"].add_metric(mv, stats.breaker_times_opened)
-            if record.info is not None and record.state in RESIDENT:
-                # Process workers report ``rss_bytes``… at the top level; others may nest them.
-                details = record.info.details
-                memory = details.get("memory", details)
-                if isinstance(memory, dict):
-                    for kind in _WORKER_MEMORY_KINDS:
-                        value = memory.get(f"{kind}_bytes")
-                        if isinstance(value, int | float):
-                            f["modelyard_worker_memory_bytes"].add_metric([*mv, kind], value)
-                kv = details.get("kv_cache_bytes")
-                if isinstance(kv, int):
-                    f["modelyard_generation_kv_cache_bytes"].add_metric(mv, kv)
+            _scheduler(f, mv, record)
+            _worker(f, mv, record)
         for dev in self._manager.budget.devices.values():
             f["modelyard_device_memory_budget_bytes"].add_metric([dev.name], dev.budget_bytes)
             f["modelyard_device_memory_reserved_bytes"].add_metric([dev.name], dev.reserved_bytes)
@@ -177,3 +159,37 @@ class ManagerCollector:
             g("modelyard_device_utilization_ratio", "CUDA device utilisation, 0 to 1.",
               labels=["device"]),
         ]  # fmt: skip
+
+
+def _scheduler(
+    f: dict[str, GaugeMetricFamily | CounterMetricFamily], mv: list[str], record: ModelRecord
+) -> None:
+    """The scheduler's readings of ``record`` (none while it has no scheduler)."""
+    if record.scheduler is None:
+        return
+    stats = record.scheduler.snapshot()
+    f["modelyard_scheduler_queued_requests"].add_metric(mv, stats.queue_depth)
+    f["modelyard_scheduler_running_requests"].add_metric(mv, stats.running_requests)
+    breaker = BREAKER_STATE_VALUES.get(stats.breaker_state)
+    if breaker is not None:
+        f["modelyard_scheduler_breaker_state"].add_metric(mv, breaker)
+    f["modelyard_scheduler_breaker_opened"].add_metric(mv, stats.breaker_times_opened)
+
+
+def _worker(
+    f: dict[str, GaugeMetricFamily | CounterMetricFamily], mv: list[str], record: ModelRecord
+) -> None:
+    """What ``record``'s resident worker reports of its memory and KV cache."""
+    if record.info is None or record.state not in RESIDENT:
+        return
+    # Process workers report ``rss_bytes``… at the top level; others may nest them.
+    details = record.info.details
+    memory = details.get("memory", details)
+    if isinstance(memory, dict):
+        for kind in _WORKER_MEMORY_KINDS:
+            value = memory.get(f"{kind}_bytes")
+            if isinstance(value, int | float):
+                f["modelyard_worker_memory_bytes"].add_metric([*mv, kind], value)
+    kv = details.get("kv_cache_bytes")
+    if isinstance(kv, int):
+        f["modelyard_generation_kv_cache_bytes"].add_metric(mv, kv)

@@ -16,8 +16,8 @@ from modelyard.config.model_config import ModelConfig
 from modelyard.errors import MemoryBudgetError, ModelLoadError
 from modelyard.manager.devices import DeviceTable
 from modelyard.manager.manager import ModelManager
+from modelyard.manager.nvml import Nvml
 from modelyard.manager.states import ModelState
-from modelyard.observability.nvml import Nvml
 from modelyard.workers.instance import InstanceInfo, StartRequest
 from tests.fakes.clock import FakeClock
 from tests.fakes.instance import FakeInstance

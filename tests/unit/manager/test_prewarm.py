@@ -214,9 +214,11 @@ async def test_the_manager_prewarms_a_timer_and_counts_the_hit(tmp_path: Path) -
     lead_s = PREWARM_LOAD_FACTOR * reload_seconds(a) + PREWARM_MARGIN_S
     clock.advance(10 - lead_s - 0.05)
     manager.touch(b)
+    manager.learning.flush()  # what the end of the loop's turn does
     assert a.stats.prefetches == 0
     clock.advance(0.1)
     manager.touch(b)
+    manager.learning.flush()
     assert a.stats.prefetches == 1
     events = [e for e in manager.events.recent() if e.kind == "prefetch"]
     assert "pre-warm" in events[-1].message
