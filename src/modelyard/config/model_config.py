@@ -146,6 +146,12 @@ class ModelConfig(BaseModel):
     """Refuse at once (HTTP 429 with Retry-After, or send to the fallback) a request whose
     estimated wait, from the queue ahead and measured service times, ends past its
     deadline, instead of letting it wait to time out."""
+    max_request_rows: PositiveInt | None = None
+    """Most rows (the first dimension of the inputs) one request may carry; a larger one
+    is refused at once with HTTP 413 / gRPC RESOURCE_EXHAUSTED saying so. Set it to what the
+    model can run within ``timeout_s``: early rejection never refuses on an extrapolated
+    batch cost (docs/decisions/0033), so this limit is what keeps requests too big for
+    the deadline from running (and overrunning) at all. None: no limit."""
     fallback: list[str] = Field(default_factory=list)
     """Models that answer in this one's place, in order, when it cannot in time (queue
     full, breaker open, not loadable, deadline unreachable, shed); same input and
