@@ -149,9 +149,10 @@ class ModelScheduler(BatchDispatcher):
         none). Raises
         ``ModelNotReadyError`` (not started, draining, closed), ``InvalidInputError``
         (bad priority), ``PayloadTooLargeError`` (more rows than ``max_request_rows``),
-        ``OverloadedError`` (queue full; its subclasses ``DeadlineUnreachableError`` and ``LoadShedError`` when refused early, see
-        :mod:`~modelyard.scheduling.degradation`), ``CircuitOpenError``,
-        ``DeadlineExceededError``, or whatever typed error the model call raised.
+        ``OverloadedError`` (queue full; its subclasses ``DeadlineUnreachableError`` and
+        ``LoadShedError`` when refused early, see :mod:`~modelyard.scheduling.degradation`),
+        ``CircuitOpenError``, ``DeadlineExceededError``,
+        or whatever typed error the model call raised.
         """
         if self._state is not Lifecycle.RUNNING:
             self._counts["rejected_not_ready"] += 1
