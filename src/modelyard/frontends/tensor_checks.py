@@ -23,7 +23,11 @@ def _shape_matches(spec: tuple[int, ...], shape: tuple[int, ...]) -> bool:
 def validate_inputs(
     record: ModelRecord, request: InferRequest, specs: list[TensorSpec]
 ) -> dict[str, np.ndarray]:
-    """The request's input arrays by name, checked against the model's inputs."""
+    """The request's input arrays by name, checked against the model's inputs; the
+    requested outputs are checked here too (every transport calls this before the model
+    runs): each may be named once."""
+    if request.outputs:
+        _refuse_repeated_outputs(request)
     by_name = {s.name: s for s in specs}
     inputs: dict[str, np.ndarray] = {}
     for tensor in request.inputs:
@@ -53,6 +57,16 @@ def validate_inputs(
             f"model {record.key.name!r} needs input(s) {', '.join(missing)}, not given"
         )
     return inputs
+
+
+def _refuse_repeated_outputs(request: InferRequest) -> None:
+    """InvalidInputError when an output is requested twice (100,000 copies of one name
+    would multiply the answer)."""
+    seen: set[str] = set()
+    for wanted in request.outputs or ():
+        if wanted.name in seen:
+            raise InvalidInputError(f"output {wanted.name!r} is requested twice")
+        seen.add(wanted.name)
 
 
 def select_outputs(
