@@ -125,7 +125,7 @@ class App:
 
         if self._worker_factory is None:
             raise ModelNotReadyError("worker processes are not available (server stopping)")
-        return ProcessInstance(self._worker_factory)
+        return ProcessInstance(self._worker_factory, overrun_grace_s=config.overrun_grace_s)
 
     async def _on_ready(self, record: ModelRecord) -> None:
         if record.scheduler is not None:

@@ -168,6 +168,12 @@ class ModelConfig(BaseModel):
     client sets itself (``timeout`` parameter, ``X-Modelyard-Timeout-Ms``, gRPC
     deadline) still caps the request's total time, load included. Older name
     ``timeout_ms``."""
+    overrun_grace_s: float = Field(default=2.0, ge=0)
+    """How long a call may run on past its request's deadline before its worker is
+    stopped (``isolation: process``). The caller gets its 504 at the deadline either way;
+    a call that ends within the grace costs nothing more, so one slow call no longer
+    restarts the worker. 0: stop the worker at the deadline. Calls too big to ever fit
+    the deadline are refused up front by ``max_request_rows``."""
     load_timeout_s: float = Field(default=120.0, gt=0)
     """Longest a load may take (waiting for memory, starting, warming up); past it the
     load fails. Requests waiting for the load never shorten it. Older name
