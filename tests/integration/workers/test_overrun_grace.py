@@ -43,7 +43,7 @@ async def test_an_overrun_within_the_grace_keeps_the_worker(graced: ProcessInsta
     pid = graced.pid
     assert pid is not None
     t0 = time.monotonic()
-    with pytest.raises(DeadlineExceededError, match="runs on for up to 1.5s"):
+    with pytest.raises(DeadlineExceededError, match=r"runs on for up to 1\.5s"):
         await graced.infer(_hang_inputs(600), timeout_s=0.2)
     assert time.monotonic() - t0 < 0.2 + 0.5, "the caller was not answered at its deadline"
     # The next call waits for the overrunning one to end (within the grace), then runs
