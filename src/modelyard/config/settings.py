@@ -133,6 +133,10 @@ class ServerSettings(BaseSettings):
     """What a load request over the API may ask for (fields, paths, priorities)."""
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     """Bounds on bodies, tensor elements, responses, connections and slow clients."""
+    drain_timeout_s: float = Field(default=30.0, gt=0)
+    """How long a stop (SIGTERM or SIGINT) may take: requests in flight finish and models
+    unload within it; past it, or at a second signal, the process exits anyway (its
+    workers die with it)."""
     poll_interval_s: float = Field(default=5.0, gt=0)
     """How often ``poll`` mode rescans the repository."""
     require_manifest: bool = False
