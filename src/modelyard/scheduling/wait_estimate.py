@@ -81,8 +81,11 @@ class ServiceTimes:
         self._clock = clock
         self._half_life_s = half_life_s
         self._buckets: dict[int, _Bucket] = {}
+        self._keys: list[int] = []
+        """The bucket keys (``rows.bit_length()``), sorted."""
         self._points: list[tuple[float, float]] = []
-        """``(rows, seconds)`` of each bucket, by rows: what predictions interpolate."""
+        """``(rows, seconds)`` of each bucket, in the order of ``_keys`` (so by rows): what
+        predictions interpolate."""
         self._last_at = 0.0
         """Clock time of the latest measurement (any bucket)."""
         self.upper_s: float | None = None
@@ -106,19 +109,28 @@ class ServiceTimes:
         key = rows.bit_length()
         bucket = self._buckets.get(key)
         if bucket is None:
-            self._buckets[key] = _Bucket(float(rows), compute_s, now)
+            bucket = self._buckets[key] = _Bucket(float(rows), compute_s, now)
+            # Buckets hold disjoint row ranges: sorted by key is sorted by rows, for good.
+            self._keys = sorted(self._buckets)
+            self._points = [(self._buckets[k].rows, self._buckets[k].seconds) for k in self._keys]
         else:
-            # Fresh evidence weighs more the older the bucket's: a stale value is replaced.
-            stale = 1.0 - 0.5 ** (max(0.0, now - bucket.at) / self._half_life_s)
-            alpha = max(self._alpha, stale)
+            alpha = self._alpha
+            age_s = now - bucket.at
+            if age_s > FRESH_S:
+                # Fresh evidence weighs more the older the bucket's: a stale value is replaced.
+                alpha = max(alpha, 1.0 - 0.5 ** (age_s / self._half_life_s))
             bucket.rows += alpha * (rows - bucket.rows)
             bucket.seconds += alpha * (compute_s - bucket.seconds)
             bucket.at = now
+            self._points[self._keys.index(key)] = (bucket.rows, bucket.seconds)
         self._last_at = now
         if rows > self.largest_rows:
             self.largest_rows = rows
-        self._points = sorted((b.rows, b.seconds) for b in self._buckets.values())
-        self.upper_s = max(seconds for _, seconds in self._points)
+        upper = self.upper_s
+        if upper is None or bucket.seconds >= upper or len(self._points) == 1:
+            self.upper_s = bucket.seconds
+        else:
+            self.upper_s = max(seconds for _, seconds in self._points)
 
     def freshness(self) -> float:
         """The weight left to the measurements now: 1 while fresh (or without a clock),
