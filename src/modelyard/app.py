@@ -10,10 +10,6 @@ import contextlib
 import gc
 import logging
 import math
-import os
-import signal
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +41,7 @@ from modelyard.observability.health import HealthView
 from modelyard.observability.metrics import Metrics
 from modelyard.scheduling.config import SchedulerConfig
 from modelyard.scheduling.scheduler import ModelScheduler
+from modelyard.stop_signals import SignallessServer, watch_stop_signals
 from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.inline import InlineInstance
 from modelyard.workers.instance import ModelInstance
@@ -61,28 +58,6 @@ _GC_GEN0_THRESHOLD = 20_000
 
 class StartupError(RuntimeError):
     """The server could not start (a port could not be bound, …)."""
-
-
-class _HttpServer(uvicorn.Server):
-    """uvicorn's server without its own signal handlers: the App owns SIGINT/SIGTERM.
-
-    uvicorn swaps in its handlers while it serves and re-raises a captured signal only
-    once its own shutdown has ended, which waits, with no bound, for every open connection.
-    A request that never ends (a stuck call, a slow stream) then kept the whole server,
-    gRPC listener included, from stopping at SIGTERM. With one owner (``run_forever``)
-    the first signal starts the App's stop, bounded by ``drain_timeout_s``."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        """Install nothing (see the class docstring)."""
-        yield
-
-
-def _exit_now(why: str, code: int) -> None:
-    """End the process at once (workers die with it: ``die_with_parent``)."""
-    log.error("%s; exiting now", why)
-    logging.shutdown()
-    os._exit(code)
 
 
 async def _serve_http(server: uvicorn.Server) -> None:
@@ -285,7 +260,7 @@ class App:
         config = uvicorn_config(http_app, s.host, s.http_port, s.limits, tls_options)
         # Connections still busy when the drain time is up are closed, not waited for.
         config.timeout_graceful_shutdown = math.ceil(s.drain_timeout_s)
-        self._http = _HttpServer(config)
+        self._http = SignallessServer(config)
         # NOTE: in the main thread uvicorn captures SIGINT/SIGTERM while it serves and
         # re-raises them when it exits, which then reaches run_forever's handler.
         self._http_task = asyncio.create_task(_serve_http(self._http))
@@ -434,28 +409,10 @@ class App:
 
     async def run_forever(self) -> None:
         """Start, serve until SIGINT/SIGTERM, then stop gracefully within
-        ``drain_timeout_s``; a second signal, or a stop that overruns, exits at once.
-
-        The bound is kept by a watchdog thread, not by the loop: it holds even when what
-        overruns is the loop itself (a blocking call) or ``asyncio.run``'s own cleanup
-        (it joins the default executor's threads, and a stuck inline call never ends)."""
+        ``drain_timeout_s``; a second signal, or a stop that overruns, exits at once
+        (:mod:`modelyard.stop_signals`)."""
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        drain_s = self.settings.drain_timeout_s
-
-        def on_signal(sig: signal.Signals) -> None:
-            if stop.is_set():
-                _exit_now(f"second {sig.name} while stopping", 1)
-            log.info("%s: stopping (at most %.1f s)", sig.name, drain_s)
-            watchdog = threading.Timer(
-                drain_s, _exit_now, (f"the stop took more than drain_timeout_s={drain_s}", 1)
-            )
-            watchdog.daemon = True
-            watchdog.start()
-            stop.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal, sig)
+        watch_stop_signals(asyncio.get_running_loop(), stop, self.settings.drain_timeout_s)
         await self.start()
         try:
             await stop.wait()
