@@ -204,22 +204,28 @@ class WorkerLink:
             if self._waiter is fut:
                 self._waiter = None
         if reply is _EXPIRED:
-            running = self._in_flight
-            if self._overrun_grace_s > 0 and running is not None and self.is_alive:
-                # Answered, not punished: the caller gets its 504 now; the call goes on
-                # and the worker is stopped only if it still runs after the grace.
-                self._watch_overrun(loop, running)
-                raise DeadlineExceededError(
-                    f"model {self._name!r} did not answer within {timeout_s:.3f}s, the "
-                    "request's deadline; the call runs on for up to "
-                    f"{self._overrun_grace_s:.1f}s before its worker is stopped"
-                )
-            await self._kill_and_wait(f"killed after overrunning its deadline ({timeout_s:.3f}s)")
-            raise DeadlineExceededError(
-                f"model {self._name!r} did not answer within {timeout_s:.3f}s, the request's "
-                "deadline; its worker was killed and is being restarted"
-            )
+            raise await self._overran(loop, timeout_s)
         return reply  # type: ignore[return-value]  # not _EXPIRED, checked above
+
+    async def _overran(
+        self, loop: asyncio.AbstractEventLoop, timeout_s: float
+    ) -> DeadlineExceededError:
+        """The error for a call whose deadline passed unanswered. Answered, not punished:
+        with an overrun grace the call goes on and the worker is stopped only if it still
+        runs after the grace; without one the worker is killed now."""
+        running = self._in_flight
+        if self._overrun_grace_s > 0 and running is not None and self.is_alive:
+            self._watch_overrun(loop, running)
+            return DeadlineExceededError(
+                f"model {self._name!r} did not answer within {timeout_s:.3f}s, the "
+                f"request's deadline; the call runs on for up to {self._overrun_grace_s:.1f}s "
+                "before its worker is stopped"
+            )
+        await self._kill_and_wait(f"killed after overrunning its deadline ({timeout_s:.3f}s)")
+        return DeadlineExceededError(
+            f"model {self._name!r} did not answer within {timeout_s:.3f}s, the request's "
+            "deadline; its worker was killed and is being restarted"
+        )
 
     def _watch_overrun(self, loop: asyncio.AbstractEventLoop, seq: int) -> None:
         """Kill the worker if call ``seq`` is still running after the overrun grace."""
