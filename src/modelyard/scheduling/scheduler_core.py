@@ -173,6 +173,9 @@ class SchedulerCore:
         """Model calls in flight (keyed by the id of their request list), for the estimate."""
         self._last_probe = -math.inf
         """When the latest probe was admitted (see :data:`PROBE_INTERVAL_S`)."""
+        self._probe_out = False
+        """A probe was admitted and no call has been measured since: the next measurement
+        is the probe's (an idle model runs it next), and replaces what refused it."""
         self._sweep = DeadlineSweep(self._expire_waiting)
         """Answers queued and running requests at their deadlines (one timer, not one each)."""
 
@@ -195,7 +198,7 @@ class SchedulerCore:
         else:
             self._breaker.release(permits)
         if report.error is None:
-            self._service.observe(rows, report.compute_s)
+            self._service.observe(rows, report.compute_s, replace=self._probed())
         self._ewma_call_s = _ewma(self._ewma_call_s, report.compute_s)
         self._ewma_call_requests = _ewma(self._ewma_call_requests, float(len(report.requests)))
         if self._adaptive is not None and (
@@ -227,7 +230,7 @@ class SchedulerCore:
         compute_s = ended - started
         if error is None:
             self._breaker.record_one(failed=ended > deadline, permit=permit)
-            self._service.observe(rows, compute_s)
+            self._service.observe(rows, compute_s, replace=self._probed())
         elif isinstance(error, MODEL_FAULTS):
             self._breaker.record_one(failed=True, permit=permit)
         else:
@@ -312,8 +315,14 @@ class SchedulerCore:
         if self._in_call or self._queue.size or now - self._last_probe < PROBE_INTERVAL_S:
             return False
         self._last_probe = now
+        self._probe_out = True
         self._counts["probes"] += 1
         return True
+
+    def _probed(self) -> bool:
+        """True (once) when the call just measured is a probe's."""
+        probed, self._probe_out = self._probe_out, False
+        return probed
 
     def _refusal(self, priority: int, rows: int, now: float, deadline: float) -> Refusal | None:
         config = self.config

@@ -101,8 +101,10 @@ class ServiceTimes:
         """True once at least one call was measured."""
         return bool(self._buckets)
 
-    def observe(self, rows: int, compute_s: float) -> None:
-        """Take in one model call of ``rows`` rows that took ``compute_s`` seconds."""
+    def observe(self, rows: int, compute_s: float, *, replace: bool = False) -> None:
+        """Take in one model call of ``rows`` rows that took ``compute_s`` seconds;
+        ``replace``: it replaces its bucket's value instead of being averaged in (a
+        probe's call: the evidence the estimate that refused it lacked)."""
         if rows < 1 or compute_s < 0:
             return
         now = self._clock.monotonic() if self._clock is not None else 0.0
@@ -114,7 +116,7 @@ class ServiceTimes:
             self._keys = sorted(self._buckets)
             self._points = [(self._buckets[k].rows, self._buckets[k].seconds) for k in self._keys]
         else:
-            alpha = self._alpha
+            alpha = 1.0 if replace else self._alpha
             age_s = now - bucket.at
             if age_s > FRESH_S:
                 # Fresh evidence weighs more the older the bucket's: a stale value is replaced.

@@ -10,7 +10,12 @@ from collections.abc import Callable
 
 import pytest
 
-from modelyard.errors import DeadlineUnreachableError, LoadShedError, PayloadTooLargeError
+from modelyard.errors import (
+    DeadlineExceededError,
+    DeadlineUnreachableError,
+    LoadShedError,
+    PayloadTooLargeError,
+)
 from modelyard.scheduling import ModelScheduler, SchedulerConfig
 from modelyard.scheduling.scheduler_core import PROBE_INTERVAL_S
 
@@ -46,6 +51,8 @@ async def _one(
         return "unreachable"
     except LoadShedError:
         return "shed"
+    except DeadlineExceededError:
+        return "late"
     return "ok"
 
 
@@ -90,6 +97,26 @@ async def test_a_paused_first_call_is_forgiven_within_seconds(
     assert outcomes.count("ok") >= 90
     assert outcomes[50:] == ["ok"] * 50
     assert outcomes.count("unreachable") == scheduler.counters["rejected_unreachable"]
+
+
+async def test_a_long_paused_first_call_is_forgiven_by_its_first_probe(
+    make_scheduler: MakeScheduler,
+) -> None:
+    """A first call held 5 s (five deadlines): the first probe's fast call replaces the
+    measurement that refused it, rather than being averaged with it."""
+    clock = FakeClock()
+    slow = [5.0]
+    scheduler = await _start(
+        make_scheduler,
+        SchedulerConfig(max_batch_size=1),
+        clock,
+        lambda rows: slow.pop() if slow else 0.002,
+    )
+    assert await _one(scheduler, clock, 0) == "late"  # measured all the same
+    assert await _one(scheduler, clock, 1) == "ok"  # the probe
+    outcomes = [await _one(scheduler, clock, i) for i in range(2, 22)]
+    assert outcomes == ["ok"] * 20
+    assert scheduler.counters["probes"] == 1
 
 
 async def test_the_estimate_decays_with_time_even_without_a_probe(
