@@ -188,7 +188,7 @@ class ModelScheduler(BatchDispatcher):
         probe = False
         if refusal is not None:
             # An idle model lets one refused request through now and then: the estimate
-            # may be what is wrong, and only a call can tell (see PROBE_INTERVAL_S).
+            # may be what is wrong, and only a call can tell (see probe.py).
             if not self._probe_instead(now):
                 raise self._refusal_error(refusal, level)
             probe = True

@@ -35,6 +35,7 @@ from modelyard.scheduling.config import SchedulerConfig
 from modelyard.scheduling.deadline_sweep import DeadlineSweep
 from modelyard.scheduling.degradation import Refusal, decide
 from modelyard.scheduling.dispatcher import MODEL_FAULTS, CallReport, Execute
+from modelyard.scheduling.probe import Prober
 from modelyard.scheduling.request_queue import QueuedRequest, RequestQueue, RequestState
 from modelyard.scheduling.wait_estimate import (
     RunningCall,
@@ -87,10 +88,6 @@ OUTCOME_COUNTERS = (
 ``unreachable_queued`` those refused at dispatch because less time was left than one
 call takes (early rejection)."""
 COUNTERS = (*ADMISSION_COUNTERS, *OUTCOME_COUNTERS, "model_calls", "probes")
-PROBE_INTERVAL_S = 1.0
-"""An idle model that would refuse a request early admits it instead (a *probe*) when no
-probe was admitted for this long: as a circuit breaker's half-open state, an estimate that
-refuses everything cannot keep itself alive, since the probe's call measures afresh."""
 _RETRY_AFTER_BOUNDS_S = (0.01, 30.0)
 ARRIVAL_WINDOW_S = 2.0
 """How far back admitted requests count toward the arrival rate of each priority."""
@@ -171,11 +168,8 @@ class SchedulerCore:
         (a few priorities) instead of walking the window (thousands of requests)."""
         self._in_call: dict[int, RunningCall] = {}
         """Model calls in flight (keyed by the id of their request list), for the estimate."""
-        self._last_probe = -math.inf
-        """When the latest probe was admitted (see :data:`PROBE_INTERVAL_S`)."""
-        self._probe_out = False
-        """A probe was admitted and no call has been measured since: the next measurement
-        is the probe's (an idle model runs it next), and replaces what refused it."""
+        self._prober = Prober()
+        """Admits a refused request on an idle model now and then (:mod:`.probe`)."""
         self._sweep = DeadlineSweep(self._expire_waiting)
         """Answers queued and running requests at their deadlines (one timer, not one each)."""
 
@@ -198,7 +192,7 @@ class SchedulerCore:
         else:
             self._breaker.release(permits)
         if report.error is None:
-            self._service.observe(rows, report.compute_s, replace=self._probed())
+            self._service.observe(rows, report.compute_s, replace=self._prober.measured())
         self._ewma_call_s = _ewma(self._ewma_call_s, report.compute_s)
         self._ewma_call_requests = _ewma(self._ewma_call_requests, float(len(report.requests)))
         if self._adaptive is not None and (
@@ -230,7 +224,7 @@ class SchedulerCore:
         compute_s = ended - started
         if error is None:
             self._breaker.record_one(failed=ended > deadline, permit=permit)
-            self._service.observe(rows, compute_s, replace=self._probed())
+            self._service.observe(rows, compute_s, replace=self._prober.measured())
         elif isinstance(error, MODEL_FAULTS):
             self._breaker.record_one(failed=True, permit=permit)
         else:
@@ -309,20 +303,11 @@ class SchedulerCore:
                 del by_priority[priority]
 
     def _probe_instead(self, now: float) -> bool:
-        """True when a request admission would refuse is admitted as a probe instead: the
-        model is idle (nothing queued or running, so the probe delays no one) and no probe
-        was admitted for :data:`PROBE_INTERVAL_S`."""
-        if self._in_call or self._queue.size or now - self._last_probe < PROBE_INTERVAL_S:
+        """True when a request admission would refuse is admitted as a probe instead."""
+        if not self._prober.admit(now, idle=not (self._in_call or self._queue.size)):
             return False
-        self._last_probe = now
-        self._probe_out = True
         self._counts["probes"] += 1
         return True
-
-    def _probed(self) -> bool:
-        """True (once) when the call just measured is a probe's."""
-        probed, self._probe_out = self._probe_out, False
-        return probed
 
     def _refusal(self, priority: int, rows: int, now: float, deadline: float) -> Refusal | None:
         config = self.config

@@ -17,7 +17,7 @@ from modelyard.errors import (
     PayloadTooLargeError,
 )
 from modelyard.scheduling import ModelScheduler, SchedulerConfig
-from modelyard.scheduling.scheduler_core import PROBE_INTERVAL_S
+from modelyard.scheduling.probe import PROBE_INTERVAL_S
 
 from ._fakes import FakeClock, FakeModel, MakeScheduler, tensor
 
