@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-import signal
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,7 @@ from modelyard.observability.health import HealthView
 from modelyard.observability.metrics import Metrics
 from modelyard.scheduling.config import SchedulerConfig
 from modelyard.scheduling.scheduler import ModelScheduler
+from modelyard.stop_signals import SignallessServer, watch_stop_signals
 from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.inline import InlineInstance
 from modelyard.workers.instance import ModelInstance
@@ -126,7 +127,7 @@ class App:
 
         if self._worker_factory is None:
             raise ModelNotReadyError("worker processes are not available (server stopping)")
-        return ProcessInstance(self._worker_factory)
+        return ProcessInstance(self._worker_factory, overrun_grace_s=config.overrun_grace_s)
 
     async def _on_ready(self, record: ModelRecord) -> None:
         if record.scheduler is not None:
@@ -271,7 +272,9 @@ class App:
         s = self.settings
         assert self._worker_factory is not None
         config = uvicorn_config(http_app, s.host, s.http_port, s.limits, tls_options)
-        self._http = uvicorn.Server(config)
+        # Connections still busy when the drain time is up are closed, not waited for.
+        config.timeout_graceful_shutdown = math.ceil(s.drain_timeout_s)
+        self._http = SignallessServer(config)
         # NOTE: in the main thread uvicorn captures SIGINT/SIGTERM while it serves and
         # re-raises them when it exits, which then reaches run_forever's handler.
         self._http_task = asyncio.create_task(_serve_http(self._http))
@@ -395,6 +398,9 @@ class App:
     async def stop(self) -> None:
         """Stop taking requests, finish in-flight ones, unload every model, stop servers."""
         self.dataplane.is_serving = False
+        if self._http is not None:
+            # The listener closes now; requests in flight finish while models drain.
+            self._http.should_exit = True
         if self._sampler is not None:
             self._sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -423,11 +429,11 @@ class App:
             self._worker_factory = None
 
     async def run_forever(self) -> None:
-        """Start, serve until SIGINT/SIGTERM, then stop gracefully."""
+        """Start, serve until SIGINT/SIGTERM, then stop gracefully within
+        ``drain_timeout_s``; a second signal, or a stop that overruns, exits at once
+        (:mod:`modelyard.stop_signals`)."""
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        watch_stop_signals(asyncio.get_running_loop(), stop, self.settings.drain_timeout_s)
         await self.start()
         try:
             await stop.wait()

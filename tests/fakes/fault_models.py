@@ -208,6 +208,20 @@ class DoublingModel(EchoModel):
         return {"y": (inputs["x"] * 2).astype(np.float32)}
 
 
+ROW_S = 0.0002
+"""Seconds per row every call of :class:`RowsModel` takes: 4,500 rows take 0.9 s."""
+
+
+class RowsModel(EchoModel):
+    """``y = x``, taking :data:`ROW_S` per row: a model whose batch cost grows with its
+    rows (issue 33's slow first call, and requests too big for a deadline)."""
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Sleep for the rows, then echo."""
+        time.sleep(ROW_S * len(inputs["x"]))
+        return {"y": inputs["x"].astype(np.float32)}
+
+
 def no_temp_dir() -> None:
     """A fork server preload hook (``fault_models:no_temp_dir``, this folder on
     ``PYTHONPATH``): the workers it forks find no temporary folder, as on a full or

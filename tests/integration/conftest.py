@@ -25,7 +25,7 @@ def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "corrupt" / "1" / "model.onnx").write_bytes(b"this is not an onnx file")
     build_types_onnx(root / "types" / "1" / "model.onnx")
     fakes = Path(__file__).resolve().parents[1] / "fakes" / "fault_models.py"
-    for name in ("faulty", "echo", "failing-load", "leaky", "paced", "doubling"):
+    for name in ("faulty", "echo", "failing-load", "leaky", "paced", "doubling", "rows"):
         (root / name / "1").mkdir(parents=True)
         # Each python model gets its own module name: one process may import several.
         module = name.replace("-", "_") + "_model.py"

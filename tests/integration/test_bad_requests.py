@@ -103,6 +103,12 @@ CASES = [
         _j({"inputs": [_tensor()], "outputs": [{"name": "nope"}]}),
     ),
     Case(
+        "output-twice",
+        400,
+        "output 'label' is requested twice",
+        _j({"inputs": [_tensor()], "outputs": [{"name": "label"}] * 3}),
+    ),
+    Case(
         "bad-priority",
         400,
         "'priority'",

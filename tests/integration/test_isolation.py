@@ -35,6 +35,8 @@ NOTICE_S = 1.0
 FAULTY_TIMEOUT_MS = 2000
 HANG_TIMEOUT_MS = 500
 HANG_MARGIN_S = 1.0
+OVERRUN_GRACE_S = 0.2
+"""How long the hung call may run on after its 504 before its worker is stopped."""
 """Slack over the deadline for the 504 of a hung request on a loaded 2-core box."""
 LEAK_LIMIT_MB = 64
 MIB = 1024 * 1024
@@ -268,7 +270,14 @@ async def test_sigkill_with_requests_in_flight(model_root: Path, tmp_path: Path)
 @pytest.fixture
 def faulty_config(model_root: Path, tmp_path: Path) -> Path:
     models = [
-        python_model("faulty", "FaultyModel", preload=True, timeout_ms=HANG_TIMEOUT_MS),
+        # A short overrun grace: the hung call is stopped soon after its 504 (issue 33).
+        python_model(
+            "faulty",
+            "FaultyModel",
+            preload=True,
+            timeout_ms=HANG_TIMEOUT_MS,
+            overrun_grace_s=OVERRUN_GRACE_S,
+        ),
         {"name": "mlp", "path": "mlp", "preload": True},
     ]
     return write_config(tmp_path, models, model_repository=str(model_root))

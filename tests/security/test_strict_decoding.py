@@ -99,6 +99,25 @@ def test_json_decoder_refuses(case: Bad) -> None:
     assert case.error in info.value.message, info.value.message
 
 
+def _int64_body(literal: str) -> bytes:
+    """A request whose INT64 data holds ``literal`` as written (json.dumps would round it)."""
+    data = '{"name": "x", "datatype": "INT64", "shape": [2], "data": [' + literal + ", 1]}"
+    return ('{"inputs": [' + data + "]}").encode()
+
+
+@pytest.mark.parametrize(
+    "literal", ["9007199254740993.0", "9007199254740992.0", "-9.007199254740993e15"]
+)
+def test_integral_float_literals_from_2_53_are_refused(literal: str) -> None:
+    """``9007199254740993.0`` parses as the double 2**53 (...992): accepting any integral
+    float from 2**53 on would silently change the value the client wrote."""
+    with pytest.raises(InvalidInputError, match="beyond 2"):
+        decode_request(_int64_body(literal), None, "m", None)
+    # Just below, an integral float is still exact and accepted.
+    ok = decode_request(_int64_body("9007199254740991.0"), None, "m", None)
+    assert ok.inputs[0].array[0] == 2**53 - 1
+
+
 GOOD: list[tuple[str, str, Any, np.ndarray]] = [
     ("ints-in-fp32", "FP32", [1, -2], np.array([1.0, -2.0], np.float32)),
     ("integral-float-in-int64", "INT64", [2.0, 3], np.array([2, 3], np.int64)),

@@ -20,6 +20,10 @@ BAD = [
     ("not-a-mapping", "- 1\n- 2\n", "top level must be a mapping"),
     ("bad-yaml", "models: [\n", "not valid YAML"),
     ("negative-spares", "spare_workers: -1\n", "spare_workers"),
+    # Internal settings the loader derives from the file's path (issue 33): `config_dir: /etc`
+    # used to move every relative path there.
+    ("internal-config-dir", "config_dir: /etc\n", "'config_dir' cannot be set in the file"),
+    ("internal-config-file", "config_file: x.yaml\n", "'config_file' cannot be set"),
 ]
 
 

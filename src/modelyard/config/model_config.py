@@ -146,6 +146,12 @@ class ModelConfig(BaseModel):
     """Refuse at once (HTTP 429 with Retry-After, or send to the fallback) a request whose
     estimated wait, from the queue ahead and measured service times, ends past its
     deadline, instead of letting it wait to time out."""
+    max_request_rows: PositiveInt | None = None
+    """Most rows (the first dimension of the inputs) one request may carry; a larger one
+    is refused at once with HTTP 413 / gRPC RESOURCE_EXHAUSTED saying so. Set it to what the
+    model can run within ``timeout_s``: early rejection never refuses on an extrapolated
+    batch cost (docs/decisions/0033), so this limit is what keeps requests too big for
+    the deadline from running (and overrunning) at all. None: no limit."""
     fallback: list[str] = Field(default_factory=list)
     """Models that answer in this one's place, in order, when it cannot in time (queue
     full, breaker open, not loadable, deadline unreachable, shed); same input and
@@ -162,6 +168,12 @@ class ModelConfig(BaseModel):
     client sets itself (``timeout`` parameter, ``X-Modelyard-Timeout-Ms``, gRPC
     deadline) still caps the request's total time, load included. Older name
     ``timeout_ms``."""
+    overrun_grace_s: float = Field(default=2.0, ge=0)
+    """How long a call may run on past its request's deadline before its worker is
+    stopped (``isolation: process``). The caller gets its 504 at the deadline either way;
+    a call that ends within the grace costs nothing more, so one slow call no longer
+    restarts the worker. 0: stop the worker at the deadline. Calls too big to ever fit
+    the deadline are refused up front by ``max_request_rows``."""
     load_timeout_s: float = Field(default=120.0, gt=0)
     """Longest a load may take (waiting for memory, starting, warming up); past it the
     load fails. Requests waiting for the load never shorten it. Older name

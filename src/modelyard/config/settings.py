@@ -135,6 +135,10 @@ class ServerSettings(BaseSettings):
     """What a load request over the API may ask for (fields, paths, priorities)."""
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     """Bounds on bodies, tensor elements, responses, connections and slow clients."""
+    drain_timeout_s: float = Field(default=30.0, gt=0)
+    """How long a stop (SIGTERM or SIGINT) may take: requests in flight finish and models
+    unload within it; past it, or at a second signal, the process exits anyway (its
+    workers die with it)."""
     poll_interval_s: float = Field(default=5.0, gt=0)
     """How often ``poll`` mode rescans the repository."""
     require_manifest: bool = False
@@ -360,6 +364,11 @@ def _settings_error(exc: SettingsError, environ: Mapping[str, str]) -> str:
     )
 
 
+LOADER_FIELDS = frozenset({"config_dir", "config_file"})
+"""Settings the loader sets from the file's own path: a YAML file naming them is refused
+(``config_dir: /etc`` would move every relative path, ``repository_root`` first)."""
+
+
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> ServerSettings:
     """Build settings from ``config_file`` (YAML), the environment and ``overrides``.
 
@@ -382,9 +391,15 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping, got {type(loaded).__name__}")
+        internal = sorted(LOADER_FIELDS & loaded.keys())
+        if internal:
+            raise ConfigError(
+                f"{path}: {', '.join(repr(f) for f in internal)} cannot be set in the file "
+                "(the server sets it from where the file is)"
+            )
         data = loaded
-        data.setdefault("config_dir", str(path.resolve().parent))
-        data.setdefault("config_file", str(path))
+        data["config_dir"] = str(path.resolve().parent)
+        data["config_file"] = str(path)
     flags = {k: v for k, v in overrides.items() if v is not None}
     token = _FILE_DATA.set(data)
     try:

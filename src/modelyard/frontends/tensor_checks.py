@@ -76,9 +76,11 @@ def raw_input_array(
 def validate_inputs(
     record: ModelRecord, request: InferRequest, specs: list[TensorSpec]
 ) -> dict[str, np.ndarray]:
-    """The request's input arrays by name, checked against the model's inputs.
-
-    Inputs the model declares optional may be left out."""
+    """The request's input arrays by name, checked against the model's inputs; the
+    requested outputs are checked here too (every transport calls this before the model
+    runs): each may be named once. Inputs the model declares optional may be left out."""
+    if request.outputs:
+        _refuse_repeated_outputs(request)
     if request.raw_input is not None:
         name, array = raw_input_array(record, request.raw_input, specs)
         return {name: array}
@@ -115,6 +117,16 @@ def validate_inputs(
             f"model {record.key.name!r} needs input(s) {', '.join(missing)}, not given"
         )
     return inputs
+
+
+def _refuse_repeated_outputs(request: InferRequest) -> None:
+    """InvalidInputError when an output is requested twice (100,000 copies of one name
+    would multiply the answer)."""
+    seen: set[str] = set()
+    for wanted in request.outputs or ():
+        if wanted.name in seen:
+            raise InvalidInputError(f"output {wanted.name!r} is requested twice")
+        seen.add(wanted.name)
 
 
 def select_outputs(

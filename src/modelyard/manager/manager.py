@@ -65,6 +65,9 @@ class ModelManager:
         devices: DeviceTable | None = None,
     ) -> None:
         self._settings = settings
+        self._unloading: dict[int, asyncio.Event] = {}
+        """Records being unloaded (by ``id``) → set once that unload has ended: a second
+        unload of the same version waits for the first instead of cutting its drain short."""
         self.clock: Clock = clock or MonotonicClock()
         """Where every lifecycle time (state changes, backoffs, load timings) is read."""
         self.events = events or EventLog()
@@ -311,8 +314,25 @@ class ModelManager:
         await asyncio.gather(*(self._unload(r, reason="unload requested") for r in targets))
 
     async def _unload(self, record: ModelRecord, *, reason: str) -> None:
+        """Drain ``record`` (its admitted requests finish), then stop and forget it.
+
+        One unload per version at a time: an unload, eviction or removal that finds one
+        under way waits for it to end. It used to find the version DRAINING, skip the
+        drain and close the scheduler under the first one's requests (503 "closed")."""
+        running = self._unloading.get(id(record))
+        if running is not None:
+            await running.wait()
+            return
         if record.state not in (ModelState.READY, ModelState.FAILED, ModelState.DRAINING):
             return
+        done = self._unloading[id(record)] = asyncio.Event()
+        try:
+            await self._drain_and_stop(record, reason=reason)
+        finally:
+            del self._unloading[id(record)]
+            done.set()
+
+    async def _drain_and_stop(self, record: ModelRecord, *, reason: str) -> None:
         instance = record.instance
         if record.state is ModelState.READY:
             self._loader.set_state(record, ModelState.DRAINING, reason)

@@ -9,7 +9,7 @@ The rules, the same for every datatype and every front end that reads JSON lists
   other string are refused; a finite number too large for the datatype is refused,
   never turned into infinity.
 - INT*/UINT*: JSON integers in the datatype's range; a number with a fraction is
-  refused (``2.0`` is accepted as 2, up to 2**53 in magnitude, where doubles stop
+  refused (``2.0`` is accepted as 2, below 2**53 in magnitude, where doubles stop
   holding every integer); nothing wraps around.
 - BOOL: ``true`` and ``false`` only. BYTES: strings only (UTF-8 on the wire).
 - Nested lists are accepted (row-major) when they are rectangular.
@@ -158,10 +158,11 @@ def _int_array(
         # float(info.max) + 1 is exactly 2**bits (or 2**(bits-1)), the first value out.
         if floats.min() < float(info.min) or floats.max() >= float(info.max) + 1.0:
             raise _refuse(name, datatype, f"values must lie in [{info.min}, {info.max}]")
-        # Past 2**53 a double no longer holds every integer, and orjson reads an integer
-        # literal beyond 64 bits (e.g. -2**63 - 1) as the nearest double: accepting it
-        # would silently change the value.
-        if np.abs(floats).max() > _EXACT_FLOAT_INT:
+        # From 2**53 on a double no longer holds every integer (the literal
+        # 9007199254740993.0 parses as 2**53 itself, so 2**53 is refused too), and orjson
+        # reads an integer literal beyond 64 bits (e.g. -2**63 - 1) as the nearest double:
+        # accepting it would silently change the value.
+        if np.abs(floats).max() >= _EXACT_FLOAT_INT:
             raise _refuse(
                 name,
                 datatype,

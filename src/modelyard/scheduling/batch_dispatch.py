@@ -105,7 +105,7 @@ class BatchDispatcher(SchedulerCore):
         predict_s = self._service.predict_s
         calls_s: dict[int, float | None] = {}  # by rows: most requests share a few sizes
         for request in self._queue.ordered(now):
-            if early:
+            if early and not request.probe:
                 rows = request.rows
                 if rows in calls_s:
                     call_s = calls_s[rows]
@@ -137,6 +137,8 @@ class BatchDispatcher(SchedulerCore):
         limits_s: dict[int, float] = {}
         late = []
         for request in self._queue:
+            if request.probe:
+                continue
             rows = request.rows
             limit_s = limits_s.get(rows)
             if limit_s is None:

@@ -52,6 +52,8 @@ class SchedulerConfig:
     (:mod:`~modelyard.scheduling.degradation`)."""
     latency_slo_by_priority_s: Mapping[int, float] = field(default_factory=dict)
     """Latency objective per priority; drives shedding of the less important classes."""
+    max_request_rows: int | None = None
+    """Most rows one request may carry (``PayloadTooLargeError`` beyond); None: no limit."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 0:
@@ -75,6 +77,8 @@ class SchedulerConfig:
                 "latency_slo_by_priority_s maps priorities >= 1 to objectives > 0, got "
                 f"{dict(self.latency_slo_by_priority_s)}"
             )
+        if self.max_request_rows is not None and self.max_request_rows < 1:
+            raise ValueError(f"max_request_rows must be >= 1, got {self.max_request_rows}")
         if self.aging_s <= 0:
             raise ValueError(f"aging_s must be > 0, got {self.aging_s}")
 
@@ -108,4 +112,5 @@ class SchedulerConfig:
             max_batch_elements=max_batch_elements,
             early_rejection=model.early_rejection,
             latency_slo_by_priority_s=dict(model.latency_slo_by_priority_s),
+            max_request_rows=model.max_request_rows,
         )

@@ -10,13 +10,17 @@ requests at admission instead (or send them to their fallback, see the data plan
 * **shed** (by priority): the objectives of ``latency_slo_by_priority_s`` (the model's
   ``latency_slo_s`` for priorities the map does not name) protect the more important
   classes. A request of priority ``p`` is shed when some more important class ``q < p``
-  with an objective is at risk (its estimated latency above
-  :data:`SHED_HEADROOM` of its objective), or when ``p``'s own estimated latency is above
-  its own objective. The most important class (no class with an objective above it) is
-  never shed: it is only refused when its deadline cannot be met.
+  with an objective is at risk (its estimated *wait*, the time before its call would
+  start, above :data:`SHED_HEADROOM` of its objective), or when ``p``'s own estimated
+  latency is above its own objective. The wait, not the latency, because shedding others
+  can shorten only the wait: on an idle model (nothing queued, nothing running) no class
+  is at risk, however long one call takes. The most important class (no class with an
+  objective above it) is never shed: it is only refused when its deadline cannot be met.
 
 Lower classes thus give way while the higher ones still have headroom, and are the
-first refused. Nothing is refused before a service time was measured. The functions are
+first refused. Nothing is refused before a service time was measured, and the estimates
+recover by themselves (stale measurements decay, an idle model admits a probe now and
+then: :mod:`~modelyard.scheduling.wait_estimate`, the scheduler). The functions are
 pure; the scheduler counts, builds the typed errors and raises them.
 """
 
@@ -68,8 +72,9 @@ def decide(
 ) -> Refusal | None:
     """The refusal of a request of ``priority``, or None to admit it.
 
-    ``estimate_s(q)`` is the estimated latency of a request of priority ``q`` queued now
-    (for ``q == priority``: this request itself); None while nothing is measured.
+    ``estimate_s(q)`` is, for ``q == priority``, this request's estimated latency, and for
+    a more important ``q`` the estimated wait of a request of priority ``q`` queued now;
+    None while nothing is measured.
     ``slack_s`` is kept free before the deadline (the scheduler passes one call's time:
     a call that overruns its deadline costs the worker, not only the request).
     """

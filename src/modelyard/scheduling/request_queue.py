@@ -58,6 +58,9 @@ class QueuedRequest:
     state: RequestState = field(default=RequestState.QUEUED)
     outcome: str = "failed"
     """The ``stats()`` counter its error falls under when the scheduler fails it."""
+    probe: bool = False
+    """Admitted as a probe although its estimate said it was too late (see
+    ``scheduler_core.PROBE_INTERVAL_S``): never refused at dispatch on that estimate."""
 
 
 class RequestQueue:

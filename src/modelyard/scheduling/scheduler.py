@@ -46,6 +46,7 @@ from modelyard.errors import (
     DeadlineExceededError,
     InvalidInputError,
     OverloadedError,
+    PayloadTooLargeError,
     ServerError,
 )
 from modelyard.scheduling.batch_dispatch import BatchDispatcher
@@ -147,10 +148,11 @@ class ModelScheduler(BatchDispatcher):
         ``deadline`` is absolute monotonic seconds on the scheduler's clock (``math.inf``:
         none). Raises
         ``ModelNotReadyError`` (not started, draining, closed), ``InvalidInputError``
-        (bad priority), ``OverloadedError`` (queue full; its subclasses
-        ``DeadlineUnreachableError`` and ``LoadShedError`` when refused early, see
-        :mod:`~modelyard.scheduling.degradation`), ``CircuitOpenError``,
-        ``DeadlineExceededError``, or whatever typed error the model call raised.
+        (bad priority), ``PayloadTooLargeError`` (more rows than ``max_request_rows``),
+        ``OverloadedError`` (queue full; its subclasses ``DeadlineUnreachableError`` and
+        ``LoadShedError`` when refused early, see :mod:`~modelyard.scheduling.degradation`),
+        ``CircuitOpenError``, ``DeadlineExceededError``,
+        or whatever typed error the model call raised.
         """
         if self._state is not Lifecycle.RUNNING:
             self._counts["rejected_not_ready"] += 1
@@ -174,9 +176,22 @@ class ModelScheduler(BatchDispatcher):
                 retry_after_s=retry_after_s,
             )
         rows = row_count(inputs)
+        limit = self.config.max_request_rows
+        if limit is not None and rows > limit:
+            self._counts["rejected_too_large"] += 1
+            raise PayloadTooLargeError(
+                f"model {self.name!r} takes at most {limit} rows per request "
+                f"(max_request_rows), this one has {rows}: it cannot run within the "
+                "model's deadline; split it"
+            )
         refusal = self._refusal(level, rows, now, deadline)
+        probe = False
         if refusal is not None:
-            raise self._refusal_error(refusal, level)
+            # An idle model lets one refused request through now and then: the estimate
+            # may be what is wrong, and only a call can tell (see probe.py).
+            if not self._probe_instead(now):
+                raise self._refusal_error(refusal, level)
+            probe = True
         self._note_arrival(level, rows, now)
         permit = self._breaker.admit()
         if permit is None:
@@ -195,6 +210,7 @@ class ModelScheduler(BatchDispatcher):
             batch_key=batch_key(inputs),
             future=loop.create_future(),
             permit=permit,
+            probe=probe,
         )
         request.future.add_done_callback(_consume_exception)
         self._queue.push(request)

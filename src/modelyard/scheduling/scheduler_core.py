@@ -35,6 +35,7 @@ from modelyard.scheduling.config import SchedulerConfig
 from modelyard.scheduling.deadline_sweep import DeadlineSweep
 from modelyard.scheduling.degradation import Refusal, decide
 from modelyard.scheduling.dispatcher import MODEL_FAULTS, CallReport, Execute
+from modelyard.scheduling.probe import Prober
 from modelyard.scheduling.request_queue import QueuedRequest, RequestQueue, RequestState
 from modelyard.scheduling.wait_estimate import (
     RunningCall,
@@ -68,6 +69,7 @@ ADMISSION_COUNTERS = (
     "rejected_circuit",
     "rejected_unreachable",
     "rejected_shed",
+    "rejected_too_large",
 )
 """``stats()`` counters of admission: accepted, or refused at once (and why):
 ``rejected_unreachable`` (deadline cannot be met) and ``rejected_shed`` (shed by priority)
@@ -85,7 +87,7 @@ OUTCOME_COUNTERS = (
 ``accepted``. ``circuit_open`` counts queued requests failed because the breaker opened;
 ``unreachable_queued`` those refused at dispatch because less time was left than one
 call takes (early rejection)."""
-COUNTERS = (*ADMISSION_COUNTERS, *OUTCOME_COUNTERS, "model_calls")
+COUNTERS = (*ADMISSION_COUNTERS, *OUTCOME_COUNTERS, "model_calls", "probes")
 _RETRY_AFTER_BOUNDS_S = (0.01, 30.0)
 ARRIVAL_WINDOW_S = 2.0
 """How far back admitted requests count toward the arrival rate of each priority."""
@@ -157,7 +159,7 @@ class SchedulerCore:
         self._counts: Counter[str] = Counter()
         self._ewma_call_s: float | None = None
         self._ewma_call_requests: float | None = None
-        self._service = ServiceTimes()
+        self._service = ServiceTimes(clock=self._clock)
         """Measured compute seconds per batch size: what the wait estimate runs on."""
         self._arrivals: deque[tuple[float, int, int]] = deque()
         """``(time, priority, rows)`` of requests admitted in the last ARRIVAL_WINDOW_S."""
@@ -166,6 +168,8 @@ class SchedulerCore:
         (a few priorities) instead of walking the window (thousands of requests)."""
         self._in_call: dict[int, RunningCall] = {}
         """Model calls in flight (keyed by the id of their request list), for the estimate."""
+        self._prober = Prober()
+        """Admits a refused request on an idle model now and then (:mod:`.probe`)."""
         self._sweep = DeadlineSweep(self._expire_waiting)
         """Answers queued and running requests at their deadlines (one timer, not one each)."""
 
@@ -188,7 +192,7 @@ class SchedulerCore:
         else:
             self._breaker.release(permits)
         if report.error is None:
-            self._service.observe(rows, report.compute_s)
+            self._service.observe(rows, report.compute_s, replace=self._prober.measured())
         self._ewma_call_s = _ewma(self._ewma_call_s, report.compute_s)
         self._ewma_call_requests = _ewma(self._ewma_call_requests, float(len(report.requests)))
         if self._adaptive is not None and (
@@ -220,7 +224,7 @@ class SchedulerCore:
         compute_s = ended - started
         if error is None:
             self._breaker.record_one(failed=ended > deadline, permit=permit)
-            self._service.observe(rows, compute_s)
+            self._service.observe(rows, compute_s, replace=self._prober.measured())
         elif isinstance(error, MODEL_FAULTS):
             self._breaker.record_one(failed=True, permit=permit)
         else:
@@ -250,7 +254,8 @@ class SchedulerCore:
 
     def estimate_latency_s(self, priority: int, rows: int = 1) -> float | None:
         """Estimated seconds until a request of ``priority`` and ``rows`` queued now is
-        answered (see :mod:`~modelyard.scheduling.wait_estimate`); None before any call."""
+        answered (see :mod:`~modelyard.scheduling.wait_estimate`); None before any call.
+        ``rows=0``: until its call would start (its wait, what shedding protects)."""
         if not self._service.is_known:
             return None
         now = self._clock.monotonic()
@@ -297,6 +302,13 @@ class SchedulerCore:
             else:
                 del by_priority[priority]
 
+    def _probe_instead(self, now: float) -> bool:
+        """True when a request admission would refuse is admitted as a probe instead."""
+        if not self._prober.admit(now, idle=not (self._in_call or self._queue.size)):
+            return False
+        self._counts["probes"] += 1
+        return True
+
     def _refusal(self, priority: int, rows: int, now: float, deadline: float) -> Refusal | None:
         config = self.config
         if not config.latency_slo_by_priority_s:
@@ -321,7 +333,9 @@ class SchedulerCore:
             priority=priority,
             now=now,
             deadline=deadline,
-            estimate_s=lambda q: self.estimate_latency_s(q, rows if q == priority else 1),
+            # A more important class is protected from the wait ahead of it, not from the
+            # length of its own call (shedding others cannot shorten that).
+            estimate_s=lambda q: self.estimate_latency_s(q, max(1, rows) if q == priority else 0),
             early_rejection=config.early_rejection,
             by_priority_s=config.latency_slo_by_priority_s,
             default_slo_s=config.latency_slo_s,

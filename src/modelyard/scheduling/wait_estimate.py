@@ -11,11 +11,23 @@ A request's *latency estimate* is the time until its answer if it were queued no
   requests of a better priority that arrive while it waits go first, so a class behind
   busy ones waits longer than its queue alone says (the M/G/1 priority-queue result).
 
-Service times are measured, not declared: a smoothed (EWMA) compute time per batch size,
-from every model call that returned an answer. A size not seen yet is predicted from the
-nearest larger size seen, or else the largest smaller one scaled linearly (pessimistic:
-batching is sublinear). Before the first call nothing is known and no estimate is made,
-so a model is never refused on a guess.
+Service times are measured, not declared: per batch-size bucket (powers of two: 1,
+2-3, 4-7, ...) a smoothed (EWMA) compute time and the smoothed row count it was measured
+at, from every model call that returned an answer. A size between two measured buckets is
+interpolated linearly between them; a size below the smallest is scaled down through zero
+(``t * rows / size``); a size above the largest measured is predicted at the largest one's
+time, a lower bound (a call never gets faster with more rows). So a request is never
+refused on an extrapolation: one slow call of 4,500 rows says nothing bad about one row,
+and a batch bigger than any seen is judged on what was seen (a request too big for a
+model is refused by the model's ``max_request_rows``, not by a guess). Before the first
+call nothing is known and no estimate is made.
+
+Evidence ages. With a clock, a sample older than :data:`FRESH_S` counts for less: the
+prediction decays with half-life :data:`STALE_HALF_LIFE_S` toward zero ("not known"),
+and the next measurement of a bucket replaces a stale value rather than averaging with
+it. An estimate that refuses every request therefore comes down by itself with time
+(nothing runs, nothing is measured, the figure fades), and the first request then
+admitted brings fresh evidence (see also the scheduler's probe).
 
 The module is pure and synchronous; :mod:`~modelyard.scheduling.degradation` turns the
 estimate into refusals.
@@ -26,8 +38,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from modelyard.clock import Clock
+
 __all__ = [
+    "FRESH_S",
     "MIN_SHARE",
+    "STALE_HALF_LIFE_S",
     "RunningCall",
     "ServiceTimes",
     "admission_bound_s",
@@ -36,56 +52,128 @@ __all__ = [
 ]
 
 _ALPHA = 0.2
+FRESH_S = 1.0
+"""Measurements this recent count in full; older ones decay (see the module docstring)."""
+STALE_HALF_LIFE_S = 2.0
+"""Half-life of a stale measurement's weight: an estimate no call refreshes halves every
+this many seconds, so a model that refuses everything admits again within seconds."""
 MIN_SHARE = 0.1
 """The least share of the model a class is assumed to keep, however busy the classes
 above it are (the estimate is divided by the share: this bounds the division)."""
 
 
 class ServiceTimes:
-    """Smoothed compute seconds per batch size (rows), measured from model calls."""
+    """Smoothed compute seconds per batch-size bucket, measured from model calls; see the
+    module docstring."""
 
-    def __init__(self, alpha: float = _ALPHA) -> None:
+    def __init__(
+        self,
+        alpha: float = _ALPHA,
+        *,
+        clock: Clock | None = None,
+        half_life_s: float = STALE_HALF_LIFE_S,
+    ) -> None:
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        if half_life_s <= 0:
+            raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
         self._alpha = alpha
-        self._by_rows: dict[int, float] = {}
+        self._clock = clock
+        self._half_life_s = half_life_s
+        self._buckets: dict[int, _Bucket] = {}
+        self._keys: list[int] = []
+        """The bucket keys (``rows.bit_length()``), sorted."""
+        self._points: list[tuple[float, float]] = []
+        """``(rows, seconds)`` of each bucket, in the order of ``_keys`` (so by rows): what
+        predictions interpolate."""
+        self._last_at = 0.0
+        """Clock time of the latest measurement (any bucket)."""
         self.upper_s: float | None = None
-        """The largest per-size service time: ``predict_s(rows) <= upper_s * rows`` for any
-        ``rows >= 1`` (None before any measurement). Admission uses it to skip the estimate
-        when no estimate could come near a request's deadline."""
+        """The largest per-bucket service time, undecayed: ``predict_s(rows) <= upper_s``
+        for any ``rows`` (None before any measurement). Admission uses it to skip the
+        estimate when no estimate could come near a request's deadline."""
         self.largest_rows = 0
-        """The largest batch size measured: ``predict_s(rows) <= upper_s`` for any
-        ``rows <= largest_rows`` (the size itself or the nearest larger one seen), which
-        lets :func:`admission_bound_s` count batches instead of rows."""
+        """The largest batch size measured (``predict_s(rows) <= upper_s`` for any size:
+        :func:`admission_bound_s` counts batches of at most this many rows)."""
 
     @property
     def is_known(self) -> bool:
         """True once at least one call was measured."""
-        return bool(self._by_rows)
+        return bool(self._buckets)
 
-    def observe(self, rows: int, compute_s: float) -> None:
-        """Take in one model call of ``rows`` rows that took ``compute_s`` seconds."""
+    def observe(self, rows: int, compute_s: float, *, replace: bool = False) -> None:
+        """Take in one model call of ``rows`` rows that took ``compute_s`` seconds;
+        ``replace``: it replaces its bucket's value instead of being averaged in (a
+        probe's call: the evidence the estimate that refused it lacked)."""
         if rows < 1 or compute_s < 0:
             return
-        old = self._by_rows.get(rows)
-        by_rows = self._by_rows
-        by_rows[rows] = compute_s if old is None else old + self._alpha * (compute_s - old)
+        now = self._clock.monotonic() if self._clock is not None else 0.0
+        key = rows.bit_length()
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(float(rows), compute_s, now)
+            # Buckets hold disjoint row ranges: sorted by key is sorted by rows, for good.
+            self._keys = sorted(self._buckets)
+            self._points = [(self._buckets[k].rows, self._buckets[k].seconds) for k in self._keys]
+        else:
+            alpha = 1.0 if replace else self._alpha
+            age_s = now - bucket.at
+            if age_s > FRESH_S:
+                # Fresh evidence weighs more the older the bucket's: a stale value is replaced.
+                alpha = max(alpha, 1.0 - 0.5 ** (age_s / self._half_life_s))
+            bucket.rows += alpha * (rows - bucket.rows)
+            bucket.seconds += alpha * (compute_s - bucket.seconds)
+            bucket.at = now
+            self._points[self._keys.index(key)] = (bucket.rows, bucket.seconds)
+        self._last_at = now
         if rows > self.largest_rows:
             self.largest_rows = rows
-        self.upper_s = max(by_rows.values()) if len(by_rows) > 1 else by_rows[rows]
+        upper = self.upper_s
+        if upper is None or bucket.seconds >= upper or len(self._points) == 1:
+            self.upper_s = bucket.seconds
+        else:
+            self.upper_s = max(seconds for _, seconds in self._points)
+
+    def freshness(self) -> float:
+        """The weight left to the measurements now: 1 while fresh (or without a clock),
+        halving every half-life once the latest is older than :data:`FRESH_S`."""
+        if self._clock is None:
+            return 1.0
+        stale_s = self._clock.monotonic() - self._last_at - FRESH_S
+        if stale_s <= 0:
+            return 1.0
+        return float(0.5 ** (stale_s / self._half_life_s))
 
     def predict_s(self, rows: int) -> float | None:
-        """Expected compute seconds of a call of ``rows`` rows; None before any measurement."""
-        if rows in self._by_rows:
-            return self._by_rows[rows]
-        larger = [size for size in self._by_rows if size > rows]
-        if larger:
-            return self._by_rows[min(larger)]
-        smaller = [size for size in self._by_rows if size < rows]
-        if smaller:
-            size = max(smaller)
-            return self._by_rows[size] * rows / size
-        return None
+        """Expected compute seconds of a call of ``rows`` rows, decayed by
+        :meth:`freshness`; None before any measurement."""
+        points = self._points
+        if not points:
+            return None
+        rows = max(1, rows)
+        low_rows, low_s = points[0]
+        if rows <= low_rows:
+            seconds = low_s * rows / low_rows
+        elif rows >= points[-1][0]:
+            seconds = points[-1][1]  # a lower bound: never extrapolated upward
+        else:
+            seconds = low_s
+            for high_rows, high_s in points[1:]:
+                if rows <= high_rows:
+                    share = (rows - low_rows) / (high_rows - low_rows)
+                    seconds = low_s + share * (high_s - low_s)
+                    break
+                low_rows, low_s = high_rows, high_s
+        return seconds * self.freshness()
+
+
+@dataclass(slots=True)
+class _Bucket:
+    """One batch-size bucket: smoothed rows and seconds, and when last measured."""
+
+    rows: float
+    seconds: float
+    at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +197,8 @@ def estimate_latency_s(
     """Seconds until a request of ``own_rows`` queued now behind ``rows_ahead`` is answered.
 
     ``batch_cap`` is the most rows one call takes (1 without batching), ``concurrency`` the
-    calls that may run at once, ``running`` the calls in flight. None when no service time
-    is known yet.
+    calls that may run at once, ``running`` the calls in flight (``own_rows`` 0: the wait
+    until the request's call would start). None when no service time is known yet.
     """
     cap = max(1, batch_cap)
     full_s = service.predict_s(cap)
@@ -124,7 +212,7 @@ def estimate_latency_s(
             expected = service.predict_s(call.rows)
             remaining.append(max(0.0, call.started + (expected or 0.0) - now))
         busy_s = min(remaining)
-    rows = max(0, rows_ahead) + max(1, own_rows)
+    rows = max(0, rows_ahead) + max(0, own_rows)
     full, rest = divmod(rows, cap)
     work_s = full * full_s
     if rest:

@@ -66,9 +66,22 @@ _Reply = Message | _Expired
 class WorkerLink:
     """The channel, process and limit of one worker, and its events; see the module docstring."""
 
-    def __init__(self, factory: WorkerFactory, *, load_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        factory: WorkerFactory,
+        *,
+        load_timeout_s: float = 300.0,
+        overrun_grace_s: float = 0.0,
+    ) -> None:
         self._factory = factory
         self._load_timeout_s = load_timeout_s
+        self._overrun_grace_s = overrun_grace_s
+        """How long a call may run on past its deadline (its caller already answered)
+        before the worker is killed; 0: killed at the deadline."""
+        self._grace_timer: asyncio.TimerHandle | None = None
+        self._grace_seq = 0
+        """The call ``_grace_timer`` watches."""
+        self._grace_kill: asyncio.Task[None] | None = None
         self._turns = Turns()
         """Infer calls run one at a time, in order: one region, one exchange in flight."""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -191,12 +204,48 @@ class WorkerLink:
             if self._waiter is fut:
                 self._waiter = None
         if reply is _EXPIRED:
-            await self._kill_and_wait(f"killed after overrunning its deadline ({timeout_s:.3f}s)")
-            raise DeadlineExceededError(
-                f"model {self._name!r} did not answer within {timeout_s:.3f}s, the request's "
-                "deadline; its worker was killed and is being restarted"
-            )
+            raise await self._overran(loop, timeout_s)
         return reply  # type: ignore[return-value]  # not _EXPIRED, checked above
+
+    async def _overran(
+        self, loop: asyncio.AbstractEventLoop, timeout_s: float
+    ) -> DeadlineExceededError:
+        """The error for a call whose deadline passed unanswered. Answered, not punished:
+        with an overrun grace the call goes on and the worker is stopped only if it still
+        runs after the grace; without one the worker is killed now."""
+        running = self._in_flight
+        if self._overrun_grace_s > 0 and running is not None and self.is_alive:
+            self._watch_overrun(loop, running)
+            return DeadlineExceededError(
+                f"model {self._name!r} did not answer within {timeout_s:.3f}s, the "
+                f"request's deadline; the call runs on for up to {self._overrun_grace_s:.1f}s "
+                "before its worker is stopped"
+            )
+        await self._kill_and_wait(f"killed after overrunning its deadline ({timeout_s:.3f}s)")
+        return DeadlineExceededError(
+            f"model {self._name!r} did not answer within {timeout_s:.3f}s, the request's "
+            "deadline; its worker was killed and is being restarted"
+        )
+
+    def _watch_overrun(self, loop: asyncio.AbstractEventLoop, seq: int) -> None:
+        """Kill the worker if call ``seq`` is still running after the overrun grace."""
+        if self._grace_timer is not None:
+            if self._grace_seq == seq:
+                return  # already watched (a later caller waited for it and expired too)
+            self._grace_timer.cancel()  # that earlier call has ended: watch this one
+        self._grace_seq = seq
+        self._grace_timer = loop.call_later(self._overrun_grace_s, self._overrun_over, seq)
+
+    def _overrun_over(self, seq: int) -> None:
+        self._grace_timer = None
+        loop, handle = self._loop, self._handle
+        if self._in_flight != seq or loop is None or handle is None or handle.exited.done():
+            return  # it ended within its grace
+        reason = (
+            "killed after overrunning its deadline by more than its "
+            f"{self._overrun_grace_s:.1f}s grace"
+        )
+        self._grace_kill = loop.create_task(self._kill_and_wait(reason))
 
     def _arm_timer(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
         if self._timer is not None:
@@ -348,6 +397,9 @@ class WorkerLink:
 
     def _cleanup(self) -> None:
         """Release the channel, region and limit; idempotent, no awaits."""
+        timer, self._grace_timer = self._grace_timer, None
+        if timer is not None:
+            timer.cancel()
         channel, self._channel = self._channel, None
         if channel is not None:
             channel.close()

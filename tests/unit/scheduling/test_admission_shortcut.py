@@ -37,7 +37,7 @@ def _full_decision(
         priority=priority,
         now=now,
         deadline=deadline,
-        estimate_s=lambda q: core.estimate_latency_s(q, rows if q == priority else 1),
+        estimate_s=lambda q: core.estimate_latency_s(q, max(1, rows) if q == priority else 0),
         early_rejection=config.early_rejection,
         by_priority_s=config.latency_slo_by_priority_s,
         default_slo_s=config.latency_slo_s,

@@ -13,7 +13,9 @@ from modelyard.scheduling import ModelScheduler, SchedulerConfig
 from modelyard.scheduling.degradation import SHED_HEADROOM, Refusal, decide
 from modelyard.scheduling.scheduler_core import ARRIVAL_WINDOW_S
 from modelyard.scheduling.wait_estimate import (
+    FRESH_S,
     MIN_SHARE,
+    STALE_HALF_LIFE_S,
     RunningCall,
     ServiceTimes,
     estimate_latency_s,
@@ -36,15 +38,42 @@ def test_service_times_unknown_until_measured() -> None:
     assert service.predict_s(4) is None
 
 
-def test_service_times_smooth_and_extrapolate() -> None:
+def test_service_times_smooth_and_interpolate_between_measured_sizes() -> None:
     service = ServiceTimes(alpha=0.5)
     service.observe(4, 0.2)
     service.observe(4, 0.4)
     assert service.predict_s(4) == pytest.approx(0.3)  # EWMA, not the last value
-    assert service.predict_s(2) == pytest.approx(0.3)  # nearest larger size measured
-    assert service.predict_s(8) == pytest.approx(0.6)  # largest smaller, scaled linearly
+    assert service.predict_s(2) == pytest.approx(0.15)  # below the smallest: through zero
+    assert service.predict_s(8) == pytest.approx(0.3)  # above the largest: a lower bound
+    service.observe(16, 0.9)
+    assert service.predict_s(10) == pytest.approx(0.3 + 0.5 * 0.6)  # interpolated
     service.observe(0, 5.0)  # an empty call says nothing
-    assert service.predict_s(1) == pytest.approx(0.3)
+    assert service.predict_s(1) == pytest.approx(0.075)
+
+
+def test_one_slow_big_call_says_little_about_one_row() -> None:
+    """The lockout of issue 33: 4,500 rows in 0.88 s once made one row cost 0.88 s."""
+    service = ServiceTimes()
+    service.observe(4500, 0.88)
+    one_row = service.predict_s(1)
+    assert one_row is not None
+    assert one_row < 0.001
+    assert service.predict_s(250_000) == pytest.approx(0.88)  # never extrapolated upward
+
+
+def test_stale_measurements_decay_and_fresh_ones_replace_them() -> None:
+    clock = FakeClock()
+    service = ServiceTimes(clock=clock)
+    service.observe(1, 0.8)
+    clock.advance(FRESH_S)
+    assert service.predict_s(1) == pytest.approx(0.8)  # fresh: in full
+    clock.advance(STALE_HALF_LIFE_S)
+    assert service.predict_s(1) == pytest.approx(0.4)  # one half-life stale: halved
+    clock.advance(10 * STALE_HALF_LIFE_S)
+    assert service.predict_s(1) == pytest.approx(0.8 / 2**11)
+    service.observe(1, 0.01)  # the stale value is replaced, not averaged with
+    assert service.predict_s(1) == pytest.approx(0.01, rel=0.05)
+    assert service.upper_s == pytest.approx(0.01, rel=0.05)
 
 
 # ------------------------------------------------------------------ the estimate
@@ -254,15 +283,15 @@ async def test_scheduler_without_early_rejection_queues_the_doomed_request(
 async def test_scheduler_sheds_low_priority_to_protect_high_priority(
     make_scheduler: MakeScheduler,
 ) -> None:
-    # Priority 1's objective is 0.7 s: at risk past 0.35 s of estimated latency.
-    config = SchedulerConfig(max_batch_size=1, latency_slo_by_priority_s={1: 0.7})
+    # Priority 1's objective is 0.5 s: at risk past 0.25 s of estimated wait.
+    config = SchedulerConfig(max_batch_size=1, latency_slo_by_priority_s={1: 0.5})
     scheduler, model, clock, tasks = await _measured_and_blocked(make_scheduler, config, {1: 2})
-    # Two priority-1 requests queued: a third would take 0.3 s, not past the headroom.
+    # Two priority-1 requests queued: a third would wait 0.2 s, not past the headroom.
     tasks.append(_submit(scheduler, clock, 50, priority=3, deadline_in_s=FAR_S))
     await settle(lambda: scheduler.stats()["queue_depth"] == 3)
     tasks.append(_submit(scheduler, clock, 51, priority=1, deadline_in_s=FAR_S))
     await settle(lambda: scheduler.stats()["queue_depth"] == 4)
-    # Now priority 1 would wait 0.4 s: priority 3 is shed, priority 1 still admitted.
+    # Now priority 1 would wait 0.3 s: priority 3 is shed, priority 1 still admitted.
     with pytest.raises(LoadShedError, match="keep priority 1 within its latency objective"):
         await _submit(scheduler, clock, 52, priority=3, deadline_in_s=FAR_S)
     tasks.append(_submit(scheduler, clock, 53, priority=1, deadline_in_s=FAR_S))
@@ -327,9 +356,10 @@ async def test_arrivals_leave_the_estimate_once_out_of_the_window(
     assert scheduler.estimate_latency_s(3) == pytest.approx(CALL_S / 0.9)
     model.release()
     await asyncio.gather(*tasks)
-    # Past the arrival window, priority 1's two arrivals no longer take a share.
+    # Past the arrival window, priority 1's two arrivals no longer take a share (the
+    # measurement has gone stale meanwhile: the call's time is the decayed one).
     clock.advance(ARRIVAL_WINDOW_S + 0.01)
-    assert scheduler.estimate_latency_s(3) == pytest.approx(CALL_S)
+    assert scheduler.estimate_latency_s(3) == pytest.approx(scheduler.service_times.predict_s(1))
     # A new one counts again, alone: 0.5 row/s at 0.1 s a row leaves 0.95.
     await _submit(scheduler, clock, 2, priority=1, deadline_in_s=FAR_S)
     assert scheduler.estimate_latency_s(3) == pytest.approx(CALL_S / 0.95)
