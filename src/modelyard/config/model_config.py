@@ -120,7 +120,10 @@ class ModelConfig(BaseModel):
     path: str
     """Model folder, Triton-style ``<path>/<version>/<file>``; relative to the repository."""
     runtime: RuntimeKind = "onnx"
-    """Runtime that loads the model files."""
+    """Runtime that loads the model files. Left out, the server infers it from the files
+    (``.gguf`` → ``llama_cpp``, ``MLmodel`` → ``mlflow``, …; see
+    :mod:`modelyard.repository.runtime_guess`) and logs the choice; ``onnx`` when
+    nothing is recognised."""
     memory_mb: float | None = Field(default=None, gt=0)
     """First guess of the footprint in MiB; replaced by the measured footprint."""
     preload: bool = False

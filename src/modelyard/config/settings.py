@@ -7,6 +7,7 @@ Precedence, highest first: command-line flags, ``MODELYARD_*`` environment varia
 from __future__ import annotations
 
 import contextvars
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,7 +33,9 @@ from modelyard.config.model_config import ModelConfig
 from modelyard.config.ray import RayConfig
 from modelyard.config.remote_load import RemoteLoadConfig
 from modelyard.config.security import SecurityConfig
+from modelyard.config.seed_fields import apply_seed_fields
 from modelyard.config.units import MIB, from_old_names
+from modelyard.repository.runtime_guess import UnsupportedModelFormatError, infer_runtime
 
 ENV_PREFIX = "MODELYARD_"
 """Prefix of the environment variables that override server-level fields."""
@@ -46,6 +49,8 @@ __all__ = [
     "ServerSettings",
     "load_settings",
 ]
+
+log = logging.getLogger("modelyard.config")
 
 _FILE_DATA: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("_FILE_DATA")
 
@@ -198,6 +203,7 @@ class ServerSettings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _old_names(cls, data: Any) -> Any:
+        data = apply_seed_fields(data)
         return from_old_names(data, {"max_request_bytes": ("max_request_mb", MIB)})
 
     @model_validator(mode="after")
@@ -219,7 +225,21 @@ class ServerSettings(BaseSettings):
                 raise ValueError(
                     f"model {m.name!r}: fallback names unknown model(s) {', '.join(unknown)}"
                 )
+        for i, m in enumerate(self.models):
+            if "runtime" not in m.model_fields_set:
+                # A list is mutable inside the frozen settings; this runs once, at build.
+                self.models[i] = self._with_inferred_runtime(m)
         return self
+
+    def _with_inferred_runtime(self, model: ModelConfig) -> ModelConfig:
+        """``model`` with the runtime its files call for (``runtime:`` left out)."""
+        try:
+            guess = infer_runtime(self.model_path(model))
+        except UnsupportedModelFormatError as exc:
+            raise ValueError(f"model {model.name!r}: {exc}") from None
+        log.info("model %r: runtime %s inferred from %s", model.name, guess.runtime, guess.reason)
+        fields = model.model_dump(exclude_unset=True, by_alias=True)
+        return ModelConfig.model_validate({**fields, "runtime": guess.runtime})
 
     @property
     def spare_worker_count(self) -> int:

@@ -36,7 +36,8 @@ from modelyard.manager.remote_load import (
 )
 from modelyard.manager.states import RESIDENT
 from modelyard.protocol.names import check_model_name
-from modelyard.repository.layout import guess_runtime, missing_versions_reason, served_versions
+from modelyard.repository.layout import missing_versions_reason, served_versions
+from modelyard.repository.runtime_guess import UnsupportedModelFormatError, guess_runtime
 
 log = logging.getLogger("modelyard.manager")
 
@@ -132,7 +133,10 @@ class ModelRegistry:
         # lead the load out of the repository.
         fields["path"] = str(folder)
         if "runtime" not in fields:
-            fields["runtime"] = guess_runtime(folder)
+            try:
+                fields["runtime"] = guess_runtime(folder)
+            except UnsupportedModelFormatError as exc:
+                raise InvalidInputError(f"model {name!r}: {exc}") from None
         try:
             model_config = ModelConfig.model_validate(fields)
         except ValidationError as exc:
