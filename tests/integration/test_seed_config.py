@@ -80,7 +80,7 @@ def test_seed_fields_that_cannot_apply_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="device_id 3: only 1 device"):
         load_settings(tmp_path / "a.yaml")
     (tmp_path / "b.yaml").write_text("model_config_path: missing.yaml\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="model_config_path.*cannot read"):
+    with pytest.raises(ConfigError, match=r"model_config_path.*cannot read"):
         load_settings(tmp_path / "b.yaml")
     (tmp_path / "c.yaml").write_text(
         "max_total_memory_mb: 100\ndevices: [{name: cpu, memory_budget_mb: 50}]\n",
