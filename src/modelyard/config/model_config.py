@@ -70,8 +70,8 @@ class VersionPolicy(BaseModel):
     """Serve the newest N versions (the default: only the newest)."""
     all: bool = False
     """Serve every version in the folder."""
-    specific: list[NonNegativeInt] | None = None
-    """Serve exactly these versions."""
+    specific: list[NonNegativeInt | str] | None = None
+    """Serve exactly these versions (folder names: ``[1, "1.3", "2024-11-01"]``)."""
 
 
 class BreakerConfig(BaseModel):

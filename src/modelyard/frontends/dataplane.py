@@ -51,6 +51,7 @@ from modelyard.protocol.types import (
     earliest,
     header_timeout_s,
 )
+from modelyard.repository.version_labels import sort_versions
 from modelyard.runtimes.base import TensorSpec
 from modelyard.workers.instance import GenerationCounters
 
@@ -158,7 +159,7 @@ class DataPlane:
         info = record.info
         return ModelMetadata(
             name=name,
-            versions=tuple(sorted(entry.versions, key=int)),
+            versions=tuple(sort_versions(entry.versions)),
             platform=_PLATFORMS.get(record.config.runtime, record.config.runtime),
             inputs=() if info is None else _tensors(info.inputs),
             outputs=() if info is None else _tensors(info.outputs),

@@ -1,17 +1,22 @@
-"""Triton-style repository layout: ``<model>/<version>/…`` with integer versions."""
+"""Triton-style repository layout: ``<model>/<version>/…``; a version folder's name is a
+version label (``1``, ``1.3``, ``2024-11-01``; see
+:mod:`modelyard.repository.version_labels` for which names count and how they order)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from modelyard.config.model_config import VersionPolicy
+from modelyard.repository.version_labels import is_version_label, sort_versions
 
 
-def list_versions(model_dir: Path) -> list[int]:
-    """Integer version folders of a model, ascending; hidden and other folders ignored."""
+def list_versions(model_dir: Path) -> list[str]:
+    """Version folders of a model, oldest first; hidden and other folders ignored."""
     if not model_dir.is_dir():
         return []
-    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    return sort_versions(
+        p.name for p in model_dir.iterdir() if p.is_dir() and is_version_label(p.name)
+    )
 
 
 def repository_models(root: Path) -> list[str]:
@@ -25,13 +30,13 @@ def repository_models(root: Path) -> list[str]:
     return names
 
 
-def served_versions(model_dir: Path, policy: VersionPolicy) -> list[int]:
-    """The versions the policy serves, ascending."""
+def served_versions(model_dir: Path, policy: VersionPolicy) -> list[str]:
+    """The versions the policy serves, oldest first."""
     versions = list_versions(model_dir)
     if policy.all:
         return versions
     if policy.specific is not None:
-        wanted = set(policy.specific)
+        wanted = {str(v) for v in policy.specific}
         return [v for v in versions if v in wanted]
     n = policy.latest or 1
     return versions[-n:]
@@ -49,7 +54,7 @@ def missing_versions_reason(model_dir: Path, policy: VersionPolicy) -> str:
     return f"no version folder in {model_dir} matches version_policy {wanted} (found: {listed})"
 
 
-def version_dir(model_dir: Path, version: int) -> Path:
+def version_dir(model_dir: Path, version: str | int) -> Path:
     """The folder of one version."""
     return model_dir / str(version)
 
