@@ -45,6 +45,7 @@ OFF_WORDS = frozenset({"", "off", "none", "null", "false", "no", "disabled"})
 __all__ = [
     "ConfigError",
     "DeviceConfig",
+    "MetricsConfig",
     "PrefetchConfig",
     "ServerSettings",
     "load_settings",
@@ -101,6 +102,17 @@ class RequestLogConfig(BaseModel):
     """File to append to (relative to the working directory); null: no log."""
     max_mb: float = Field(default=64.0, gt=0)
     """The log stops growing at this size (a warning is logged once); never rotated."""
+
+
+class MetricsConfig(BaseModel):
+    """What ``/metrics`` exports besides the native ``modelyard_*`` families."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seed_names: bool = False
+    """Also export the design notes' names, labels and buckets
+    (``model_inference_latency{model_type,version}`` in ms,
+    ``gpu_mem_usage{device_id,model_id}``, ``model_switch_latency``); see docs/seeds.md."""
 
 
 class ServerSettings(BaseSettings):
@@ -171,6 +183,8 @@ class ServerSettings(BaseSettings):
     """Opt-in request log (JSON lines) that ``modelyard plan`` replays."""
     prefetch: PrefetchConfig = Field(default_factory=PrefetchConfig)
     """Predictive preloading."""
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    """Extra metric names on ``/metrics`` (the design notes' own, opt-in)."""
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     """Tokens per plane and TLS; see docs/security.md."""
     devices: list[DeviceConfig] = Field(default_factory=lambda: [DeviceConfig(name="cpu")])
