@@ -60,7 +60,8 @@ async def test_seed_names_are_exported_beside_the_native_ones(tmp_path: Path) ->
         assert next(s[2] for s in switch if s[0].endswith("_count")) == 1  # one cold start
         assert next(s[1] for s in switch if s[0].endswith("_count")) == {"model_id": "add"}
         memory = [(labels, value) for _, labels, value in fams["gpu_mem_usage"]]
-        assert memory and memory[0][0] == {"device_id": "cpu", "model_id": "add"}
+        assert memory
+        assert memory[0][0] == {"device_id": "cpu", "model_id": "add"}
         assert memory[0][1] > 0
 
 
