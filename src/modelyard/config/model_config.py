@@ -55,9 +55,16 @@ class GenerationConfig(BaseModel):
     brownout_queue_depth: NonNegativeInt = 0
     """Overload: every ``parallel`` slot busy and at least this many requests already
     waiting when a request arrives (0: every slot busy is enough)."""
+    preempt: bool = True
+    """A request that finds every slot busy pauses the least important running one when
+    its own priority is higher (a smaller number): that sequence stops, and resumes from
+    its tokens once a slot is free (vLLM's recompute preemption; greedy output is the
+    same as without the pause). False: every request waits for a slot to end."""
 
 
 BROWNOUT_KEYS = {"brownout_max_tokens", "brownout_queue_depth"}
+"""The ``generation:`` keys of brownout."""
+SERVER_KEYS = BROWNOUT_KEYS | {"preempt"}
 """The ``generation:`` keys the server applies itself (never passed to a runtime)."""
 
 

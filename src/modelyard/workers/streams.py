@@ -113,6 +113,7 @@ class GenerationStreams:
                         s.top_k,
                         s.seed,
                         s.stop,
+                        request.resume_token_ids,
                     )
                 )
             )
