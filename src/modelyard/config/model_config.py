@@ -187,6 +187,11 @@ class ModelConfig(BaseModel):
     safetensors state dict is loaded into (``runtime: torch``)."""
     share_weights: bool = False
     """Memory-map ONNX external-data weights so replicas share them."""
+    huge_pages_min_mb: float | None = Field(default=10240.0, ge=0)
+    """Weight files of at least this many MiB that the worker maps (a GGUF, safetensors,
+    ONNX external data) get transparent huge pages (``madvise(MADV_HUGEPAGE)``) once
+    loaded: the design notes' "2 MB pages for models over 10 GB"; null: never. Advice
+    only: the kernel's THP mode decides (docs/seeds.md)."""
     intra_op_threads: PositiveInt = 1
     """Threads one inference may use (ONNX Runtime intra-op)."""
     device: str = Field(default="cpu", pattern=DEVICE_NAME_PATTERN)
