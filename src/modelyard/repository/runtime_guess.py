@@ -147,25 +147,29 @@ def infer_runtime(path: Path) -> RuntimeGuess:
     not exist is judged by its suffix alone.
     """
     if path.is_dir():
-        folder, names = _files_of(path)
-        by_marker = _by_markers(folder, names)
-        if by_marker is not None:
-            return by_marker
-        found, unsupported = _known_files(folder, names)
-        for _, runtime in _BY_SUFFIX:  # the suffix order decides between several files
-            for guess in found:
-                if guess.runtime == runtime:
-                    return guess
-        if found:
-            return found[0]
-        if unsupported is not None:
-            raise unsupported
-        return RuntimeGuess(DEFAULT_RUNTIME, f"no known model file in {folder.name}/")
+        return _infer_from_folder(path)
     if path.suffix.lower() == ".safetensors" and path.with_name("config.json").is_file():
         by_marker = _by_markers(path.parent, ["config.json", path.name])
         if by_marker is not None:
             return by_marker
-    guess = _by_file(path)
-    if guess is not None:
-        return guess
+    single = _by_file(path)
+    if single is not None:
+        return single
     return RuntimeGuess(DEFAULT_RUNTIME, f"{path.name}: suffix not known")
+
+
+def _infer_from_folder(path: Path) -> RuntimeGuess:
+    folder, names = _files_of(path)
+    by_marker = _by_markers(folder, names)
+    if by_marker is not None:
+        return by_marker
+    found, unsupported = _known_files(folder, names)
+    for _, runtime in _BY_SUFFIX:  # the suffix order decides between several files
+        for guess in found:
+            if guess.runtime == runtime:
+                return guess
+    if found:
+        return found[0]
+    if unsupported is not None:
+        raise unsupported
+    return RuntimeGuess(DEFAULT_RUNTIME, f"no known model file in {folder.name}/")

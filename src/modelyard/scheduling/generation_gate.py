@@ -14,7 +14,9 @@ stops its sequence in the worker and calls :meth:`GenerationGate.pause`: its slo
 to the best waiter and it waits again with its original place in line (priority, then
 arrival), so it resumes before anything that arrived after it at its priority. The
 caller resumes the sequence from the tokens it already has (recompute, vLLM's default
-preemption mode). One arrival asks for at most one preemption.
+preemption mode). One arrival asks for at most one preemption, and a stream preempted
+:data:`MAX_PREEMPTIONS` times is not chosen again: each resume recomputes its tokens, and
+a flood of important requests must not make a long stream pay that without bound.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from dataclasses import dataclass, field
 
 from modelyard.clock import Clock
 from modelyard.errors import DeadlineExceededError, OverloadedError
+
+MAX_PREEMPTIONS = 3
+"""How many times one stream may give its slot up (see the module doc)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -114,7 +119,11 @@ class GenerationGate:
     def _ask_preemption(self, priority: int) -> None:
         if not self.preempt:
             return
-        candidates = [t for t in self._holders if t.priority > priority and not t.preempt_requested]
+        candidates = [
+            t
+            for t in self._holders
+            if t.priority > priority and not t.preempt_requested and t.preemptions < MAX_PREEMPTIONS
+        ]
         if candidates:
             victim = max(candidates, key=lambda t: (t.priority, t.order))
             victim.preempt_requested = True
