@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -32,8 +33,6 @@ MIB = 1024 * 1024
 
 def _rss() -> int:
     with open("/proc/self/statm", encoding="ascii") as f:
-        import os
-
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -80,9 +79,7 @@ def _child_thp(path: str, tokens: int, advise: bool) -> dict[str, object]:
     load_s = time.perf_counter() - t0
     prompt = llm.tokenize(b"The quick brown fox jumps over the lazy dog.", add_bos=True)
     t1 = time.perf_counter()
-    n = 0
-    for _ in llm.generate(prompt, temp=0.0, top_k=0, top_p=1.0, min_p=0.0):
-        n += 1
+    for n, _ in enumerate(llm.generate(prompt, temp=0.0, top_k=0, top_p=1.0, min_p=0.0), 1):
         if n == 1:
             t1 = time.perf_counter()  # decode only: the prompt's evaluation is not counted
         if n > tokens:
@@ -160,9 +157,10 @@ def bench_thp(layers: int, tokens: int, rounds: int) -> None:
         values = [float(str(r[key])) for r in results[advise]]
         return max(values) if key == "tokens_per_s" else min(values)
 
+    decode = best(True, "tokens_per_s") / best(False, "tokens_per_s")
+    load = best(True, "load_s") / best(False, "load_s")
     print(
-        f"  ratio on/off: decode tokens/s {best(True, 'tokens_per_s') / best(False, 'tokens_per_s'):.2f}, "
-        f"load s {best(True, 'load_s') / best(False, 'load_s'):.2f} (best of {rounds} each)"
+        f"  ratio on/off: decode tokens/s {decode:.2f}, load s {load:.2f} (best of {rounds} each)"
     )
 
 
