@@ -44,6 +44,7 @@ async def test_a_large_weight_file_gets_huge_pages(
         assert r.status_code == 200, r.text
         record = app.manager.resolve("llama-a", None)
         assert record.info is not None
+        assert record.info.pid is not None
         flags = _vm_flags(record.info.pid, llm_root / "llama-a" / "1" / "model.gguf")
         assert flags, "llama.cpp maps its GGUF file"
         assert all(("hg" in f) is advised for f in flags)

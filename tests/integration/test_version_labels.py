@@ -81,6 +81,7 @@ async def test_a_labelled_version_is_served_on_every_route(tmp_path: Path) -> No
         )
         assert r.status_code == 200, r.text
         assert r.json()["outputs"]["output"] == [[1.0, 1.0, 1.0, 1.0]]
+        assert app.grpc_port is not None
         assert await _grpc(app.grpc_port, "1.3") == 1.0
         meta = (await client.get("/v2/models/add")).json()
         assert meta["versions"] == ["1.3", "1.10"]
