@@ -70,7 +70,7 @@ async def _race(app: App) -> tuple[list[str], list[int], GenerateChunk]:
 async def test_a_priority_request_pauses_a_long_stream_which_resumes_unchanged(
     llm_root: Path, expected: list[int]
 ) -> None:
-    async with running_server(_config(llm_root, preempt=True)) as (app, _client):
+    async with running_server(_config(llm_root, preempt=True)) as (app, client):
         alone, _ = await _all_ids(app, replace(greedy_request(LONG_TOKENS), priority=3))
         assert alone[:N_TOKENS] == expected  # llama-cpp-python's own greedy tokens
         order, ids, last = await _race(app)
@@ -81,6 +81,8 @@ async def test_a_priority_request_pauses_a_long_stream_which_resumes_unchanged(
         gate = app.dataplane.generation.generation_gate("llama-a", "1")
         assert gate is not None
         assert gate.preemptions == 1
+        metrics = (await client.get("/metrics")).text
+        assert 'modelyard_generation_preemptions_total{model="llama-a"} 1.0' in metrics
 
 
 async def test_without_preempt_the_priority_request_waits(llm_root: Path) -> None:

@@ -251,6 +251,8 @@ class Generation:
                         return
             finally:
                 await stream.aclose()  # early: cancels generation in the worker
+            if self.metrics is not None:
+                self.metrics.preempted(record.key.name)
             await gate.pause(ticket, end if first_at is not None else first_deadline)
 
     async def _next_chunk(

@@ -251,6 +251,13 @@ class Metrics:
             ["model"],
             registry=registry,
         )
+        self.preemptions = Counter(
+            "modelyard_generation_preemptions",
+            "Generation streams paused for a more important request (they resume from "
+            "their tokens), by model.",
+            ["model"],
+            registry=registry,
+        )
         if process_metrics:
             ProcessCollector(namespace="modelyard", registry=registry)
 
@@ -355,6 +362,10 @@ class Metrics:
     def fallback(self, model: str, fallback: str, reason: str) -> None:
         """A request for ``model`` was answered by ``fallback`` because of ``reason``."""
         self.fallbacks.labels(model, fallback, reason).inc()
+
+    def preempted(self, model: str) -> None:
+        """A generation stream of ``model`` gave its slot to a more important request."""
+        self.preemptions.labels(model).inc()
 
     def brownout(self, model: str) -> None:
         """Brownout capped the ``max_tokens`` of a generation request for ``model``."""
