@@ -7,6 +7,7 @@ decides the runtime. Their ``.om`` (Ascend) is refused by name.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,36 @@ def test_seed_fields_that_cannot_apply_are_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="not both"):
         load_settings(tmp_path / "c.yaml")
+
+
+async def test_the_seed_predict_request_reaches_version_1_3(tmp_path: Path) -> None:
+    from modelyard.examples.gguf_llama import write_llama_gguf
+
+    write_llama_gguf(tmp_path / "claude" / "1.2" / "model.gguf", TINY, seed=2)
+    write_llama_gguf(tmp_path / "claude" / "1.3" / "model.gguf", TINY, seed=1)
+    model = {
+        "name": "claude",
+        "path": "claude",
+        "version_policy": {"all": True},
+        "generation": {"n_ctx": 48, "n_threads": 1},
+    }
+    (tmp_path / "server.yaml").write_text(
+        f"model_repository: {tmp_path}\nmodels: [{json.dumps(model)}]\n", encoding="utf-8"
+    )
+    async with running_server(tmp_path / "server.yaml") as (_app, client):
+        # The notes' curl, byte for byte.
+        resp = await client.post(
+            "/predict",
+            content='{"model":"claude","version":"1.3","text":" 你好 "}'.encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        assert body["version"] == "1.3"
+        assert body["usage"]["completion_tokens"] >= 1
+        older = await client.post(
+            "/predict", json={"model": "claude", "version": "1.2", "text": " 你好 "}
+        )
+        assert older.json()["version"] == "1.2"
+        newest = await client.post("/predict", json={"model": "claude", "text": " 你好 "})
+        assert newest.json()["version"] == "1.3"  # 1.3 > 1.2: the default
