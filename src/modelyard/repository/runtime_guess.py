@@ -4,8 +4,9 @@ A model path is a model folder (``<model>/<version>/<files>``, the newest versio
 decide), a version folder, or one file. The decision, first match wins:
 
 1. marker files: ``MLmodel`` → ``mlflow``; ``config.json`` beside safetensors or tokenizer
-   files → ``transformers`` when the config's architecture is a causal LM
-   (``…ForCausalLM``), else ``huggingface``;
+   files (and no ``.onnx``: an ONNX export keeps both beside its graph) →
+   ``transformers`` when the config's architecture is a causal LM (``…ForCausalLM``),
+   else ``huggingface``;
 2. first bytes, for suffixes too common to trust: a ``.json`` starting with XGBoost's
    ``{"learner"`` → ``xgboost``; a ``.txt`` starting with LightGBM's ``tree\\nversion=``
    → ``lightgbm``;
@@ -79,6 +80,8 @@ def _is_causal_lm(config_file: Path) -> bool:
 def _by_markers(folder: Path, names: list[str]) -> RuntimeGuess | None:
     if "MLmodel" in names:
         return RuntimeGuess("mlflow", "an MLmodel file (MLflow)")
+    if any(n.endswith(".onnx") for n in names):
+        return None  # an ONNX export keeps its config and tokenizer beside the graph
     if "config.json" in names and any(
         n.endswith(".safetensors")
         or n.startswith(("tokenizer", "vocab"))

@@ -24,6 +24,10 @@ FOLDERS: dict[str, tuple[dict[str, bytes], str]] = {
         "huggingface",
     ),
     "state-dict": ({"model.safetensors": b"x", "net.py": b""}, "torch"),
+    "onnx-export": (
+        {"model.onnx": b"x", "config.json": b"{}", "tokenizer.json": b"{}"},
+        "onnx",
+    ),
     "exported": ({"model.pt2": b"x"}, "torch"),
 }
 
