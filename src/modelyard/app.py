@@ -84,7 +84,9 @@ class App:
             folder = settings.model_path(model)
             if not folder.is_relative_to(root):
                 hide_path_prefix(str(folder.parent))
-        self.metrics = Metrics(CollectorRegistry(), clock=self.clock)
+        self.metrics = Metrics(
+            CollectorRegistry(), clock=self.clock, seed_names=settings.metrics.seed_names
+        )
         """Every Prometheus metric of this server; served at ``/metrics``."""
         self.manager = ModelManager(
             settings,

@@ -55,9 +55,16 @@ class GenerationConfig(BaseModel):
     brownout_queue_depth: NonNegativeInt = 0
     """Overload: every ``parallel`` slot busy and at least this many requests already
     waiting when a request arrives (0: every slot busy is enough)."""
+    preempt: bool = True
+    """A request that finds every slot busy pauses the least important running one when
+    its own priority is higher (a smaller number): that sequence stops, and resumes from
+    its tokens once a slot is free (vLLM's recompute preemption; greedy output is the
+    same as without the pause). False: every request waits for a slot to end."""
 
 
 BROWNOUT_KEYS = {"brownout_max_tokens", "brownout_queue_depth"}
+"""The ``generation:`` keys of brownout."""
+SERVER_KEYS = BROWNOUT_KEYS | {"preempt"}
 """The ``generation:`` keys the server applies itself (never passed to a runtime)."""
 
 
@@ -70,8 +77,8 @@ class VersionPolicy(BaseModel):
     """Serve the newest N versions (the default: only the newest)."""
     all: bool = False
     """Serve every version in the folder."""
-    specific: list[NonNegativeInt] | None = None
-    """Serve exactly these versions."""
+    specific: list[NonNegativeInt | str] | None = None
+    """Serve exactly these versions (folder names: ``[1, "1.3", "2024-11-01"]``)."""
 
 
 class BreakerConfig(BaseModel):
@@ -120,7 +127,10 @@ class ModelConfig(BaseModel):
     path: str
     """Model folder, Triton-style ``<path>/<version>/<file>``; relative to the repository."""
     runtime: RuntimeKind = "onnx"
-    """Runtime that loads the model files."""
+    """Runtime that loads the model files. Left out, the server infers it from the files
+    (``.gguf`` → ``llama_cpp``, ``MLmodel`` → ``mlflow``, …; see
+    :mod:`modelyard.repository.runtime_guess`) and logs the choice; ``onnx`` when
+    nothing is recognised."""
     memory_mb: float | None = Field(default=None, gt=0)
     """First guess of the footprint in MiB; replaced by the measured footprint."""
     preload: bool = False
@@ -189,6 +199,11 @@ class ModelConfig(BaseModel):
     safetensors state dict is loaded into (``runtime: torch``)."""
     share_weights: bool = False
     """Memory-map ONNX external-data weights so replicas share them."""
+    huge_pages_min_mb: float | None = Field(default=10240.0, ge=0)
+    """Weight files of at least this many MiB that the worker maps (a GGUF, safetensors,
+    ONNX external data) get transparent huge pages (``madvise(MADV_HUGEPAGE)``) once
+    loaded: the design notes' "2 MB pages for models over 10 GB"; null: never. Advice
+    only: the kernel's THP mode decides (docs/seeds.md)."""
     intra_op_threads: PositiveInt = 1
     """Threads one inference may use (ONNX Runtime intra-op)."""
     device: str = Field(default="cpu", pattern=DEVICE_NAME_PATTERN)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import difflib
+import logging
 import os
 import typing
 from collections.abc import Mapping
@@ -34,7 +35,9 @@ from modelyard.config.model_config import ModelConfig
 from modelyard.config.ray import RayConfig
 from modelyard.config.remote_load import RemoteLoadConfig
 from modelyard.config.security import SecurityConfig
+from modelyard.config.seed_fields import apply_seed_fields
 from modelyard.config.units import MIB, from_old_names
+from modelyard.repository.runtime_guess import UnsupportedModelFormatError, infer_runtime
 
 ENV_PREFIX = "MODELYARD_"
 """Prefix of the environment variables that override server-level fields."""
@@ -44,10 +47,13 @@ OFF_WORDS = frozenset({"", "off", "none", "null", "false", "no", "disabled"})
 __all__ = [
     "ConfigError",
     "DeviceConfig",
+    "MetricsConfig",
     "PrefetchConfig",
     "ServerSettings",
     "load_settings",
 ]
+
+log = logging.getLogger("modelyard.config")
 
 _FILE_DATA: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("_FILE_DATA")
 
@@ -98,6 +104,17 @@ class RequestLogConfig(BaseModel):
     """File to append to (relative to the working directory); null: no log."""
     max_mb: float = Field(default=64.0, gt=0)
     """The log stops growing at this size (a warning is logged once); never rotated."""
+
+
+class MetricsConfig(BaseModel):
+    """What ``/metrics`` exports besides the native ``modelyard_*`` families."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seed_names: bool = False
+    """Also export the design notes' names, labels and buckets
+    (``model_inference_latency{model_type,version}`` in ms,
+    ``gpu_mem_usage{device_id,model_id}``, ``model_switch_latency``); see docs/seeds.md."""
 
 
 class ServerSettings(BaseSettings):
@@ -172,6 +189,8 @@ class ServerSettings(BaseSettings):
     """Opt-in request log (JSON lines) that ``modelyard plan`` replays."""
     prefetch: PrefetchConfig = Field(default_factory=PrefetchConfig)
     """Predictive preloading."""
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    """Extra metric names on ``/metrics`` (the design notes' own, opt-in)."""
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     """Tokens per plane and TLS; see docs/security.md."""
     devices: list[DeviceConfig] = Field(default_factory=lambda: [DeviceConfig(name="cpu")])
@@ -204,6 +223,7 @@ class ServerSettings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _old_names(cls, data: Any) -> Any:
+        data = apply_seed_fields(data)
         return from_old_names(data, {"max_request_bytes": ("max_request_mb", MIB)})
 
     @model_validator(mode="after")
@@ -225,7 +245,21 @@ class ServerSettings(BaseSettings):
                 raise ValueError(
                     f"model {m.name!r}: fallback names unknown model(s) {', '.join(unknown)}"
                 )
+        for i, m in enumerate(self.models):
+            if "runtime" not in m.model_fields_set:
+                # A list is mutable inside the frozen settings; this runs once, at build.
+                self.models[i] = self._with_inferred_runtime(m)
         return self
+
+    def _with_inferred_runtime(self, model: ModelConfig) -> ModelConfig:
+        """``model`` with the runtime its files call for (``runtime:`` left out)."""
+        try:
+            guess = infer_runtime(self.model_path(model))
+        except UnsupportedModelFormatError as exc:
+            raise ValueError(f"model {model.name!r}: {exc}") from None
+        log.info("model %r: runtime %s inferred from %s", model.name, guess.runtime, guess.reason)
+        fields = model.model_dump(exclude_unset=True, by_alias=True)
+        return ModelConfig.model_validate({**fields, "runtime": guess.runtime})
 
     @property
     def spare_worker_count(self) -> int:

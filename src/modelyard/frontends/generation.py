@@ -36,7 +36,7 @@ from modelyard.protocol.generate import (
 )
 from modelyard.protocol.names import check_model_name, check_version_name
 from modelyard.scheduling.brownout import brownout_cap
-from modelyard.scheduling.generation_gate import GenerationGate
+from modelyard.scheduling.generation_gate import GenerationGate, Ticket
 from modelyard.workers.instance import GenerationCounters, GenerativeInstance
 
 
@@ -183,31 +183,24 @@ class Generation:
                     request = replace(
                         request, sampling=replace(request.sampling, max_tokens=capped)
                     )
-                async with gate.slot(priority, route.deadline):
+                async with gate.slot(priority, route.deadline) as ticket:
                     if capped is not None and metrics is not None:
                         metrics.brownout(record.key.name)  # admitted: not refused below
-                    instance = record.instance
-                    if not isinstance(instance, GenerativeInstance):
-                        raise ModelNotReadyError(f"model {record.key} is not ready")
                     end = None if client_timeout_s is None else started + client_timeout_s
-                    stream = instance.generate(request)
+                    stream = self._resumable(record, request, gate, ticket, route.deadline, end)
                     try:
-                        while True:
-                            limit = route.deadline if first_at is None else end
-                            chunk = await self._next_chunk(record, stream, limit, first_at)
+                        async for raw in stream:
                             if first_at is None:
                                 first_at = self.clock.monotonic()
                             chunk = replace(
-                                chunk,
-                                model_version=record.key.version,
-                                max_tokens_capped_to=capped,
+                                raw, model_version=record.key.version, max_tokens_capped_to=capped
                             )
                             last = chunk
                             yield chunk
                             if chunk.finish_reason is not None:
                                 return
                     finally:
-                        await stream.aclose()  # early: cancels generation in the worker
+                        await stream.aclose()
         except BaseException as exc:
             code = outcome_code(exc)
             raise
@@ -224,6 +217,43 @@ class Generation:
                         prompt_tokens=last.prompt_tokens,
                         completion_tokens=last.completion_tokens,
                     )
+
+    async def _resumable(
+        self,
+        record: ModelRecord,
+        request: GenerateRequest,
+        gate: GenerationGate,
+        ticket: Ticket,
+        first_deadline: float | None,
+        end: float | None,
+    ) -> AsyncGenerator[GenerateChunk, None]:
+        """The instance's chunks for ``request``, across preemptions: when a more
+        important request wants the slot (``ticket.preempt_requested``, seen between two
+        chunks), the sequence stops in the worker, the slot is given up until it comes
+        back, and the sequence resumes from the tokens already sent."""
+        sent: list[int] = []
+        first_at: float | None = None
+        while True:
+            instance = record.instance
+            if not isinstance(instance, GenerativeInstance):
+                raise ModelNotReadyError(f"model {record.key} is not ready")
+            again = replace(request, resume_token_ids=tuple(sent)) if sent else request
+            stream = instance.generate(again)
+            try:
+                while not ticket.preempt_requested:
+                    limit = first_deadline if first_at is None else end
+                    chunk = await self._next_chunk(record, stream, limit, first_at)
+                    if first_at is None:
+                        first_at = self.clock.monotonic()
+                    sent += chunk.token_ids
+                    yield chunk
+                    if chunk.finish_reason is not None:
+                        return
+            finally:
+                await stream.aclose()  # early: cancels generation in the worker
+            if self.metrics is not None:
+                self.metrics.preempted(record.key.name)
+            await gate.pause(ticket, end if first_at is not None else first_deadline)
 
     async def _next_chunk(
         self,
@@ -275,7 +305,11 @@ class Generation:
         if gate is None:
             cfg = record.config
             gate = GenerationGate(
-                str(record.key), cfg.generation.parallel, cfg.max_queue_size, self.clock
+                str(record.key),
+                cfg.generation.parallel,
+                cfg.max_queue_size,
+                self.clock,
+                preempt=cfg.generation.preempt,
             )
             self._gates[record.key] = gate
         return gate

@@ -11,6 +11,7 @@ from modelyard.manager.records import ModelEntry
 from modelyard.manager.states import ModelState
 from modelyard.protocol.names import check_model_name, check_version_name
 from modelyard.repository.layout import apply_policy
+from modelyard.repository.version_labels import order_key, sort_versions
 
 
 def listed_versions(entry: ModelEntry) -> tuple[str, ...]:
@@ -18,9 +19,9 @@ def listed_versions(entry: ModelEntry) -> tuple[str, ...]:
     known ones, plus any an alias routes to (a version the policy dropped is left out,
     even while it waits out its rollback grace period)."""
     policy = entry.config.version_policy
-    served = {str(v) for v in apply_policy(sorted(int(v) for v in entry.versions), policy)}
+    served = set(apply_policy(sort_versions(entry.versions), policy))
     routed = {v for route in entry.aliases.values() for v in route.versions}
-    return tuple(sorted(served | (routed & entry.versions.keys()), key=int))
+    return tuple(sort_versions(served | (routed & entry.versions.keys())))
 
 
 def model_statistics(
@@ -34,7 +35,7 @@ def model_statistics(
         records = [manager.resolve(check_model_name(name), check_version_name(version))]
     else:
         records = list(manager.entry(check_model_name(name)).versions.values())
-    records.sort(key=lambda r: (r.key.name, int(r.key.version)))
+    records.sort(key=lambda r: (r.key.name, order_key(r.key.version)))
     return {"model_stats": [r.infer_stats.as_dict(r.key.name, r.key.version) for r in records]}
 
 

@@ -25,7 +25,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from modelyard.config.model_config import BROWNOUT_KEYS
+from modelyard.config.model_config import SERVER_KEYS
 from modelyard.errors import ModelLoadError
 from modelyard.manager.admission import Admission
 from modelyard.manager.devices import DeviceTable
@@ -133,7 +133,7 @@ class Offloader:
         options = dict(cfg.options)
         if cfg.is_generative:
             gen = cfg.generation
-            for key, value in gen.model_dump(exclude=BROWNOUT_KEYS).items():
+            for key, value in gen.model_dump(exclude=SERVER_KEYS).items():
                 if value is not None:
                     options[key] = str(value)
             if cfg.runtime == "llama_cpp":

@@ -12,6 +12,7 @@ from modelyard.manager.records import DEFAULT_ALIAS, AliasRoute, ModelEntry
 from modelyard.manager.states import ModelState
 from modelyard.manager.versions import VersionController
 from modelyard.repository.layout import served_versions
+from modelyard.repository.version_labels import newest_version, order_key
 from modelyard.repository.watcher import RepositoryWatcher
 
 log = logging.getLogger("modelyard.poller")
@@ -79,11 +80,12 @@ class RepositoryPoller:
                 log.info("refused version %s changed on disk; offering it again", record.key)
             else:
                 log.info("new version %s found", record.key)
-        newest = max((v for v in result.ready if v in allowed), key=int, default=None)
+        offered = [v for v in result.ready if v in allowed]
+        newest = newest_version(offered) if offered else None
         route = entry.aliases.get(DEFAULT_ALIAS)
         # Only versions still there count: a default left pointing nowhere is replaced.
         current = [v for v in route.versions if v in entry.versions] if route else []
-        if newest is None or (current and int(newest) <= max(int(v) for v in current)):
+        if newest is None or (current and order_key(newest) <= order_key(newest_version(current))):
             return
         try:
             await self.versions.set_alias(name, DEFAULT_ALIAS, {newest: 1.0})
@@ -112,7 +114,7 @@ class RepositoryPoller:
         candidates = [v for v in entry.versions if usable(v)]
         ready = [v for v in candidates if entry.versions[v].is_ready]
         if alias == DEFAULT_ALIAS and candidates:
-            entry.aliases[alias] = AliasRoute(((max(ready or candidates, key=int), 1.0),))
+            entry.aliases[alias] = AliasRoute(((newest_version(ready or candidates), 1.0),))
         else:
             entry.aliases.pop(alias, None)
 

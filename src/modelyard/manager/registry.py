@@ -36,7 +36,9 @@ from modelyard.manager.remote_load import (
 )
 from modelyard.manager.states import RESIDENT
 from modelyard.protocol.names import check_model_name
-from modelyard.repository.layout import guess_runtime, missing_versions_reason, served_versions
+from modelyard.repository.layout import missing_versions_reason, served_versions
+from modelyard.repository.runtime_guess import UnsupportedModelFormatError, guess_runtime
+from modelyard.repository.version_labels import is_version_label, newest_version, sort_versions
 
 log = logging.getLogger("modelyard.manager")
 
@@ -75,7 +77,7 @@ class ModelRegistry:
         self.refresh_versions(entry)
         default = config.default_version
         if default is None and entry.versions:
-            default = max(entry.versions, key=int)
+            default = newest_version(entry.versions)
         if default is not None:
             # Unversioned requests follow this alias; it moves only by a switch (API or
             # poll), so a new version folder never takes traffic before it is verified.
@@ -138,7 +140,10 @@ class ModelRegistry:
         # lead the load out of the repository.
         fields["path"] = str(folder)
         if "runtime" not in fields:
-            fields["runtime"] = guess_runtime(folder)
+            try:
+                fields["runtime"] = guess_runtime(folder)
+            except UnsupportedModelFormatError as exc:
+                raise InvalidInputError(f"model {name!r}: {exc}") from None
         model_config = _validated(name, fields)
         check_config(model_config, folder, own_folder, policy)
         if not folder.is_dir():
@@ -243,7 +248,7 @@ class ModelRegistry:
                     raise ModelNotFoundError(
                         f"model {name!r} has no version to serve: {self.missing_reason(entry)}"
                     )
-                return entry.versions[max(entry.versions, key=int)]
+                return entry.versions[newest_version(entry.versions)]
             version = route.pick(self._rng)
         else:
             route = entry.aliases.get(version)
@@ -252,7 +257,7 @@ class ModelRegistry:
         try:
             return entry.versions[version]
         except KeyError:
-            known = ", ".join(sorted(entry.versions, key=int)) or "none"
+            known = ", ".join(sort_versions(entry.versions)) or "none"
             aliases = ", ".join(sorted(entry.aliases)) or "none"
             raise ModelNotFoundError(
                 f"model {name!r} has no version {version!r} "
@@ -265,7 +270,7 @@ class ModelRegistry:
         record = entry.versions.get(version)
         if record is None:
             path = entry.path / version
-            if not version.isdigit() or not path.is_dir():
+            if not is_version_label(version) or not path.is_dir():
                 raise ModelNotFoundError(f"model {name!r} has no version folder {version!r}")
             record = ModelRecord(
                 key=ModelKey(name, version),

@@ -50,6 +50,9 @@ def start_request(
         gpu_memory_limit_bytes=gpu_limit,
         options=placer.offload.runtime_options(record, device),
         model_file=record.model_file,
+        huge_pages_min_bytes=(
+            None if cfg.huge_pages_min_mb is None else int(cfg.huge_pages_min_mb * _MIB)
+        ),
     )
     warmup = {k: np.asarray(v) for k, v in cfg.warmup_inputs.items()} if cfg.warmup_inputs else None
     return StartRequest(spec, warmup, limit, awaited=record.requests_awaiting_load > 0)

@@ -17,6 +17,7 @@ from modelyard.errors import InvalidInputError, ModelStateConflictError
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import DEFAULT_ALIAS, AliasRoute, ModelEntry
 from modelyard.manager.states import ModelState
+from modelyard.repository.version_labels import is_version_label, newest_version
 
 log = logging.getLogger("modelyard.versions")
 
@@ -48,7 +49,7 @@ class VersionController:
         if route is not None:
             return route.versions
         if alias == DEFAULT_ALIAS and entry.versions:
-            return [max(entry.versions, key=int)]
+            return [newest_version(entry.versions)]
         return []
 
     async def set_alias(
@@ -59,8 +60,10 @@ class VersionController:
             raise InvalidInputError("an alias needs at least one version")
         if any(w <= 0 for w in targets.values()):
             raise InvalidInputError("alias weights must be positive")
-        if alias.isdigit():
-            raise InvalidInputError("an alias name cannot be a version number")
+        if is_version_label(alias):
+            raise InvalidInputError(
+                "an alias name cannot be a version label (numbers joined by '.', '-' or '_')"
+            )
         manager = self.manager
         entry = manager.entry(name)
         lock = self._switch_locks.setdefault(name, asyncio.Lock())

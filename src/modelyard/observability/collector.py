@@ -49,7 +49,7 @@ class ManagerCollector:
             f["modelyard_model_reserved_bytes"].add_metric([*mv, device], record.reserved_bytes)
             if record.measured_bytes is not None:
                 f["modelyard_model_measured_bytes"].add_metric([*mv, device], record.measured_bytes)
-            for dev_name, held_bytes in self._device_bytes(record):
+            for dev_name, held_bytes in self.device_bytes(record):
                 pair = (dev_name, record.key.name)
                 on_device[pair] = on_device.get(pair, 0) + held_bytes
                 used[dev_name] = used.get(dev_name, 0) + held_bytes
@@ -81,7 +81,7 @@ class ManagerCollector:
                 f["modelyard_device_utilization_ratio"].add_metric([name], utilization)
         return fams
 
-    def _device_bytes(self, record: ModelRecord) -> list[tuple[str, int]]:
+    def device_bytes(self, record: ModelRecord) -> list[tuple[str, int]]:
         """``(device, bytes)`` each resident replica of ``record`` holds: NVML's live
         per-process figure on a GPU, else the measured footprint (reserved until measured)."""
         devices = self._manager.devices

@@ -38,6 +38,7 @@ from modelyard.clock import Clock, MonotonicClock
 from modelyard.errors import CLIENT_ERROR_CODES, ErrorCode, ServerError
 from modelyard.observability.collector import ManagerCollector
 from modelyard.observability.histogram import FastHistogram, HistogramChild
+from modelyard.observability.seed_metrics import SeedMetrics
 from modelyard.observability.traffic import RecentTraffic
 
 if TYPE_CHECKING:
@@ -99,6 +100,8 @@ class _VersionMetrics:
     batch_compute_seconds: HistogramChild
     cold_start_seconds: HistogramChild
     recent: RecentTraffic
+    seed_latency_ms: HistogramChild | None
+    """``model_inference_latency`` (milliseconds) when seed names are on."""
 
 
 FOLD_AT = 256
@@ -137,6 +140,7 @@ class Metrics:
         clock: Clock | None = None,
         horizon_s: int = 300,
         process_metrics: bool = True,
+        seed_names: bool = False,
     ) -> None:
         self.registry = registry
         self.horizon_s = horizon_s
@@ -149,6 +153,8 @@ class Metrics:
         self._calls: list[tuple[_VersionMetrics, int, list[float], float]] = []
         # Registered first, so the registry's collect() folds before reading any family.
         registry.register(_Fold(self.fold))
+        self.seed = SeedMetrics(registry) if seed_names else None
+        """The design notes' metric names beside the native ones (``metrics.seed_names``)."""
         mv = ("model", "version")
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> FastHistogram:
@@ -245,6 +251,13 @@ class Metrics:
             ["model"],
             registry=registry,
         )
+        self.preemptions = Counter(
+            "modelyard_generation_preemptions",
+            "Generation streams paused for a more important request (they resume from "
+            "their tokens), by model.",
+            ["model"],
+            registry=registry,
+        )
         if process_metrics:
             ProcessCollector(namespace="modelyard", registry=registry)
 
@@ -264,6 +277,9 @@ class Metrics:
                 batch_compute_seconds=self.batch_compute_seconds.labels(model, version),
                 cold_start_seconds=self.cold_start_seconds.labels(model, version),
                 recent=RecentTraffic(self.horizon_s),
+                seed_latency_ms=(
+                    None if self.seed is None else self.seed.latency_child(model, version)
+                ),
             )
         return found
 
@@ -295,6 +311,8 @@ class Metrics:
             counter = m.requests[code] = self.requests.labels(model, version, str(code))
         counter.inc()
         m.request_seconds.observe(total_s)
+        if m.seed_latency_ms is not None:
+            m.seed_latency_ms.observe(total_s * 1000.0)
         if queue_s is not None:
             m.queue_seconds.observe(queue_s)
         if compute_s is not None:
@@ -329,6 +347,8 @@ class Metrics:
             succeeded: dict[int, tuple[_VersionMetrics, int]] = {}
             for m, total_s, second in done:
                 m.request_seconds.observe(total_s)
+                if m.seed_latency_ms is not None:
+                    m.seed_latency_ms.observe(total_s * 1000.0)
                 m.recent.request(second, total_s, is_error=False)
                 seen = succeeded.get(id(m))
                 succeeded[id(m)] = (m, 1 if seen is None else seen[1] + 1)
@@ -349,6 +369,10 @@ class Metrics:
         """A request for ``model`` was answered by ``fallback`` because of ``reason``."""
         self.fallbacks.labels(model, fallback, reason).inc()
 
+    def preempted(self, model: str) -> None:
+        """A generation stream of ``model`` gave its slot to a more important request."""
+        self.preemptions.labels(model).inc()
+
     def brownout(self, model: str) -> None:
         """Brownout capped the ``max_tokens`` of a generation request for ``model``."""
         self.brownouts.labels(model).inc()
@@ -359,6 +383,8 @@ class Metrics:
         m = self._of(model, version)
         m.cold_start_seconds.observe(wait_s)
         m.recent.cold_start(int(self._clock.monotonic()))
+        if self.seed is not None:
+            self.seed.switch(model, wait_s)
 
     def generation_done(
         self,
@@ -407,6 +433,8 @@ class Metrics:
         if self._bound:
             raise RuntimeError("Metrics.bind: already bound to a manager")
         self.registry.register(ManagerCollector(manager))
+        if self.seed is not None:
+            self.seed.bind(manager)
         self._bound = True
 
     # ----------------------------------------------------------------- dashboard feed

@@ -68,6 +68,9 @@ class GenerateRequest:
     timeout_s: float | None = None
     """The client's own deadline budget for the whole generation (may only shorten the
     model's ``timeout_s``)."""
+    resume_token_ids: tuple[int, ...] = ()
+    """Set by the server only, never from a request: the tokens a preempted stream had
+    produced, from which its sequence resumes (see ``scheduling/generation_gate.py``)."""
 
 
 @dataclass(frozen=True, slots=True)

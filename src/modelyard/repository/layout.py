@@ -1,17 +1,22 @@
-"""Triton-style repository layout: ``<model>/<version>/…`` with integer versions."""
+"""Triton-style repository layout: ``<model>/<version>/…``; a version folder's name is a
+version label (``1``, ``1.3``, ``2024-11-01``; see
+:mod:`modelyard.repository.version_labels` for which names count and how they order)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from modelyard.config.model_config import VersionPolicy
+from modelyard.repository.version_labels import is_version_label, sort_versions
 
 
-def list_versions(model_dir: Path) -> list[int]:
-    """Integer version folders of a model, ascending; hidden and other folders ignored."""
+def list_versions(model_dir: Path) -> list[str]:
+    """Version folders of a model, oldest first; hidden and other folders ignored."""
     if not model_dir.is_dir():
         return []
-    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    return sort_versions(
+        p.name for p in model_dir.iterdir() if p.is_dir() and is_version_label(p.name)
+    )
 
 
 def repository_models(root: Path) -> list[str]:
@@ -25,17 +30,17 @@ def repository_models(root: Path) -> list[str]:
     return names
 
 
-def served_versions(model_dir: Path, policy: VersionPolicy) -> list[int]:
-    """The versions the policy serves, ascending."""
+def served_versions(model_dir: Path, policy: VersionPolicy) -> list[str]:
+    """The versions the policy serves, oldest first."""
     return apply_policy(list_versions(model_dir), policy)
 
 
-def apply_policy(versions: list[int], policy: VersionPolicy) -> list[int]:
-    """The versions among ``versions`` (ascending) that the policy serves, ascending."""
+def apply_policy(versions: list[str], policy: VersionPolicy) -> list[str]:
+    """The versions among ``versions`` (oldest first) that the policy serves, oldest first."""
     if policy.all:
         return versions
     if policy.specific is not None:
-        wanted = set(policy.specific)
+        wanted = {str(v) for v in policy.specific}
         return [v for v in versions if v in wanted]
     n = policy.latest or 1
     return versions[-n:]
@@ -53,7 +58,7 @@ def missing_versions_reason(model_dir: Path, policy: VersionPolicy) -> str:
     return f"no version folder in {model_dir} matches version_policy {wanted} (found: {listed})"
 
 
-def version_dir(model_dir: Path, version: int) -> Path:
+def version_dir(model_dir: Path, version: str | int) -> Path:
     """The folder of one version."""
     return model_dir / str(version)
 
@@ -63,61 +68,3 @@ def dir_size_bytes(path: Path) -> int:
     if not path.exists():
         return 0
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-_RUNTIME_BY_SUFFIX = (
-    (".onnx", "onnx"),
-    (".skops", "sklearn"),
-    (".pkl", "sklearn"),
-    (".joblib", "sklearn"),
-    (".pt", "torch"),
-    (".pt2", "torch"),
-    (".ubj", "xgboost"),
-)
-
-
-def _head(path: Path, size: int = 256) -> bytes:
-    try:
-        with path.open("rb") as f:
-            return f.read(size)
-    except OSError:
-        return b""
-
-
-def _runtime_by_content(folder: Path, names: list[str]) -> str | None:
-    """Runtimes whose files are known by a marker file or by their first bytes.
-
-    ``.json`` and ``.txt`` are too common to decide by suffix alone: an XGBoost JSON
-    booster starts with its ``learner`` object and a LightGBM text model with ``tree``.
-    """
-    if "MLmodel" in names:
-        return "mlflow"
-    if "config.json" in names and any(
-        n.startswith(("tokenizer", "vocab")) or n == "preprocessor_config.json" for n in names
-    ):
-        return "huggingface"
-    for name in names:
-        head = _head(folder / name)
-        if name.endswith(".json") and head.lstrip().startswith(b'{"learner"'):
-            return "xgboost"
-        if name.endswith(".txt") and head.startswith(b"tree\nversion="):
-            return "lightgbm"
-    return None
-
-
-def guess_runtime(model_dir: Path) -> str:
-    """The runtime for a model folder's newest version, from its files (default onnx)."""
-    versions = list_versions(model_dir)
-    if not versions:
-        return "onnx"
-    folder = version_dir(model_dir, versions[-1])
-    names = sorted(p.name for p in folder.iterdir() if p.is_file())
-    by_content = _runtime_by_content(folder, names)
-    if by_content:
-        return by_content
-    for suffix, runtime in _RUNTIME_BY_SUFFIX:
-        if any(n.endswith(suffix) for n in names):
-            return runtime
-    if any(n.endswith(".safetensors") for n in names):
-        return "torch"
-    return "onnx"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from modelyard.repository.layout import list_versions
 from modelyard.repository.manifest import MANIFEST_NAME
+from modelyard.repository.version_labels import sort_versions
 
 Signature = tuple[tuple[str, int, int], ...]
 
@@ -63,7 +64,7 @@ class RepositoryWatcher:
             self._taken.pop(model_dir / version, None)
         now = self._clock()
         retry = (refused or set()) & on_disk
-        for version in sorted((on_disk - known) | retry, key=int):
+        for version in sort_versions((on_disk - known) | retry):
             vdir = model_dir / version
             sig = folder_signature(vdir)
             if self._taken.get(vdir) == sig:

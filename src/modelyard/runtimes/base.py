@@ -51,6 +51,9 @@ class RuntimeSpec:
     model_file: str = ""
     """The file in ``version_dir`` to load (a config whose ``path`` names one file);
     empty: the runtime finds its file in the folder."""
+    huge_pages_min_bytes: int | None = None
+    """Mapped files of ``version_dir`` at least this big get transparent huge pages
+    (``madvise(MADV_HUGEPAGE)``, see ``workers/huge_pages.py``); None: never."""
 
 
 class Runtime(Protocol):

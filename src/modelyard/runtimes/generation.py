@@ -35,6 +35,9 @@ class GenerationJob:
     top_k: int
     seed: int | None
     stop: tuple[str, ...]
+    resume_ids: tuple[int, ...] = ()
+    """Tokens this request generated before it was preempted: evaluated after the prompt,
+    counted as generated, never sent again; generation continues after them."""
 
 
 @dataclass(frozen=True, slots=True)

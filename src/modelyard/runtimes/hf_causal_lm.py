@@ -146,9 +146,9 @@ class CausalLMRuntime(GenerationThread):
         self._prompt_tokens += len(prompt)
         stream = TextStream(job.stop)
         gen = torch.Generator().manual_seed(job.seed if job.seed is not None else _random_seed())
-        generated = 0
+        generated = len(job.resume_ids)  # a preempted job resumes after its tokens
         past: Any = None
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt + list(job.resume_ids)])
         pending: list[int] = []
         with torch.inference_mode():
             while True:

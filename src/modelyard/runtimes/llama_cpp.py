@@ -97,6 +97,8 @@ class _Sequence:
     generated: int = 0
     logits_index: int = -1
     pending_ids: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    """The request's own prompt; ``prompt`` also holds the tokens of a resumed job."""
 
 
 class LlamaCppRuntime(GenerationThread):
@@ -281,8 +283,16 @@ class LlamaCppRuntime(GenerationThread):
                 continue
             slot = free.pop(0)
             self._prompt_tokens += len(prompt)
+            # A preempted job resumes: its earlier tokens are evaluated as prompt and
+            # counted as generated (recompute, as vLLM resumes a preempted sequence).
             self._active[slot] = _Sequence(
-                job, slot, prompt, self._sampler(job), TextStream(job.stop)
+                job,
+                slot,
+                prompt + list(job.resume_ids),
+                self._sampler(job),
+                TextStream(job.stop),
+                generated=len(job.resume_ids),
+                prompt_tokens=len(prompt),
             )
 
     def _step(self) -> None:
@@ -345,7 +355,7 @@ class LlamaCppRuntime(GenerationThread):
 
     def _report(self, s: _Sequence, text: str, ids: list[int], finish: str | None) -> None:
         if self._sink is not None:
-            self._sink.chunk(s.job.seq, text, ids, finish, len(s.prompt), s.generated)
+            self._sink.chunk(s.job.seq, text, ids, finish, s.prompt_tokens, s.generated)
 
     def _end(self, s: _Sequence) -> None:
         llama = self._llama

@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preload", default=",".join(DEFAULT_PRELOAD))
     args = parser.parse_args(argv)
 
+    from modelyard.workers.huge_pages import trim_heap
     from modelyard.workers.main import die_with_parent
 
     die_with_parent()
@@ -228,6 +229,9 @@ def main(argv: list[str] | None = None) -> None:
     # inherited pages in the children.
     gc.collect()
     gc.freeze()
+    # The imports' temporary blocks, freed, would otherwise stay in the heap every
+    # worker inherits; handed back now, before the first fork.
+    trim_heap()
     ctl = socket.socket(fileno=args.ctl_fd)
     ctl.setblocking(True)
     ctl.send(encode(ForkServerReady(os.getpid(), thread_count(), import_s)))

@@ -20,6 +20,7 @@ from modelyard.errors import DeadlineExceededError, ModelLoadError
 from modelyard.runtimes import Runtime, create_runtime
 from modelyard.runtimes.errors import classify_runtime_error
 from modelyard.runtimes.warmup import make_warmup_inputs
+from modelyard.workers.huge_pages import trim_heap
 from modelyard.workers.instance import ExitCallback, InstanceInfo, StartRequest
 
 _ON_LOOP_MAX_S = 0.0005
@@ -120,7 +121,10 @@ class InlineInstance:
         return outputs
 
     async def stop(self) -> None:
-        """Drop the runtime; its memory goes back to this process's allocator."""
+        """Drop the runtime; its memory goes back to this process's allocator, and the
+        allocator's free memory to the system (the server lives on after an unload)."""
         runtime, self._runtime = self._runtime, None
         if runtime is not None:
             runtime.close()
+            del runtime
+            trim_heap()

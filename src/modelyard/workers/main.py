@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 
 import msgspec
 
@@ -41,6 +42,7 @@ from modelyard.runtimes.warmup import make_warmup_inputs
 from modelyard.workers.channel import BlockingChannel, ChannelClosedError, SharedRegion
 from modelyard.workers.device import enter_device
 from modelyard.workers.footprint import sample_memory
+from modelyard.workers.huge_pages import advise_huge_pages, trim_heap
 from modelyard.workers.messages import (
     Cancel,
     Chunk,
@@ -89,6 +91,7 @@ def _infer_error(exc: BaseException, limit_bytes: int | None) -> ErrorInfo:
 def _load(runtime: Runtime, msg: Load, warmed: tuple[str, ...]) -> Loaded:
     t0 = time.perf_counter()
     runtime.load(msg.spec)
+    advise_huge_pages(Path(msg.spec.version_dir), msg.spec.huge_pages_min_bytes)
     return Loaded(
         msg.seq,
         tuple(runtime.inputs),
@@ -158,6 +161,7 @@ def _serve(channel: BlockingChannel, region: SharedRegion) -> int:
     warmed: tuple[str, ...] = ()
     while isinstance(first, Warm):
         warmed += _warm(first.kinds)
+        trim_heap()  # a spare lives on, idle, until a load claims it
         first = channel.recv()
     if not isinstance(first, Load):
         return 0 if first is None or isinstance(first, Stop) else 2
@@ -238,6 +242,7 @@ def _serve_generation(channel: BlockingChannel, first: Load, warmed: tuple[str, 
         runtime: GenerativeRuntime = create_generative_runtime(first.spec.kind)
         t0 = time.perf_counter()
         runtime.load(first.spec)
+        advise_huge_pages(Path(first.spec.version_dir), first.spec.huge_pages_min_bytes)
         t1 = time.perf_counter()
         load_s, warmup_s = t1 - t0, 0.0
         if first.warm_up:  # else the prompt of the request waiting for it comes first

@@ -11,11 +11,11 @@ model's reservation to what is left, which stays charged until the process has g
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Callable
 from typing import Final
 
+from modelyard.workers.huge_pages import trim_heap
 from modelyard.workers.messages import Released
 
 DRIFT_BYTES: Final = 1024 * 1024
@@ -25,9 +25,6 @@ overstated."""
 
 
 _PAGE_BYTES: Final = os.sysconf("SC_PAGE_SIZE")
-
-_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)
-"""glibc's (None elsewhere: the fall measured is then smaller, never wrong)."""
 
 
 def resident_anon_bytes() -> int:
@@ -50,7 +47,7 @@ def close_and_measure(close: Callable[[], None], *, unmaps: bool) -> Released:
     close()
     # glibc keeps freed blocks in its heap (its mmap threshold rises as large blocks are
     # freed, so llama.cpp's buffers come from the heap): hand them back to the system.
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
+    # (Without glibc nothing is trimmed: the fall measured is smaller, never wrong.)
+    trim_heap()
     freed = max(0, before - resident_anon_bytes() - DRIFT_BYTES)
     return Released(freed, unmaps)

@@ -54,6 +54,7 @@ def generation_job(seq: int, request: GenerateRequest) -> GenerationJob:
         s.top_k,
         s.seed,
         s.stop,
+        request.resume_token_ids,
     )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from modelyard.repository.layout import guess_runtime
+from modelyard.repository.runtime_guess import guess_runtime
 from tests.integration.runtimes.served import load_inline
 
 Case = tuple[Callable[..., Any], str, str]

@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers", reason="needs the huggingface
 import sklearn.datasets  # noqa: E402
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
 
-from modelyard.repository.layout import guess_runtime  # noqa: E402
+from modelyard.repository.runtime_guess import guess_runtime  # noqa: E402
 from tests.integration.runtimes.served import (  # noqa: E402
     infer,
     load_inline,

@@ -33,7 +33,7 @@ from sklearn.datasets import load_iris
 from sklearn.linear_model import LogisticRegression
 
 from modelyard.examples.sklearn_models import export_sklearn_onnx
-from modelyard.repository.layout import guess_runtime
+from modelyard.repository.runtime_guess import guess_runtime
 from modelyard.runtimes.mlflow import MLflowRuntime
 from modelyard.runtimes.mlflow_model import read_mlmodel
 from tests.integration.runtimes.served import (

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="needs the torch extra (CI installs it)")
 safetensors_torch = pytest.importorskip("safetensors.torch", reason="needs the torch extra")
 
-from modelyard.repository.layout import guess_runtime  # noqa: E402
+from modelyard.repository.runtime_guess import guess_runtime  # noqa: E402
 from modelyard.runtimes.safetensors_mmap import mmap_state_dict  # noqa: E402
 from tests.integration.runtimes.served import (  # noqa: E402
     infer,

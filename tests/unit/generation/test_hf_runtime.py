@@ -70,3 +70,19 @@ def test_greedy_equals_generate_and_chat_renders(hf_folder: Path) -> None:
         assert sink.wait(4).token_ids == sink.wait(5).token_ids
     finally:
         runtime.close()
+
+
+def test_a_resumed_job_continues_where_it_stopped(hf_folder: Path) -> None:
+    runtime = CausalLMRuntime()
+    runtime.load(RuntimeSpec("transformers", str(hf_folder), options={"n_ctx": "128"}))
+    sink = CollectingSink()
+    runtime.start(sink)
+    try:
+        runtime.submit(_job(1, 10))
+        whole = sink.wait(1).token_ids
+        runtime.submit(_job(2, 10, resume_ids=tuple(whole[:4])))
+        rest = sink.wait(2)
+        assert rest.token_ids == whole[4:]
+        assert rest.completion_tokens == 10
+    finally:
+        runtime.close()

@@ -96,3 +96,20 @@ def test_the_load_reads_the_dimensions_from_llama_cpp_not_the_header(
         assert stats.kv_cache_bytes == from_header.context_length * from_header.kv_bytes_per_token()
     finally:
         runtime.close()
+
+
+def test_a_resumed_job_continues_where_it_stopped(gguf_folder: Path) -> None:
+    runtime = llama_runtime.LlamaCppRuntime()
+    runtime.load(RuntimeSpec("llama_cpp", str(gguf_folder), "m", options=_OPTIONS))
+    sink = CollectingSink()
+    runtime.start(sink)
+    try:
+        runtime.submit(_job(1, max_tokens=12))
+        whole = sink.wait(1).token_ids
+        assert len(whole) == 12
+        runtime.submit(_job(2, max_tokens=12, resume_ids=tuple(whole[:5])))
+        rest = sink.wait(2)
+        assert rest.token_ids == whole[5:], "the same greedy tokens, none sent twice"
+        assert rest.completion_tokens == 12, "the resumed tokens count as generated"
+    finally:
+        runtime.close()
