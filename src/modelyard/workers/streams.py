@@ -113,6 +113,15 @@ class GenerationStreams:
                         s.top_k,
                         s.seed,
                         s.stop,
+                        s.frequency_penalty,
+                        s.presence_penalty,
+                        s.logit_bias,
+                        s.json_schema,
+                        s.logprobs,
+                        request.chat_context,
+                        request.task,
+                        request.token_ids,
+                        request.add_special,
                     )
                 )
             )
@@ -128,6 +137,7 @@ class GenerationStreams:
                     finish_reason=item.finish_reason,
                     prompt_tokens=item.prompt_tokens,
                     completion_tokens=item.completion_tokens,
+                    logprobs=item.logprobs,
                 )
                 # The consumer is back for more, so it has handled the first chunk (as far
                 # as its own consumers go before asking again): work waiting for the gate

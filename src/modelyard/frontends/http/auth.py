@@ -32,6 +32,7 @@ _DASHBOARD_ASSET = re.compile(r"/dashboard/[^/]+")
 _DATA_PATH = re.compile(
     r"/v2/models/[^/]+(?:/versions/[^/]+)?(?:/infer|/ready|/generate|/generate_stream)?|/predict"
     r"|/v1/models(?:/[^/]+)?|/v1/completions|/v1/chat/completions|/v1/embeddings"
+    r"|/tokenize|/detokenize"
 )
 
 
