@@ -286,6 +286,9 @@ class LlamaCppRuntime(GenerationThread):
             except ServerError as exc:
                 self._fail(job.seq, exc)
                 continue
+            except Exception as exc:  # the thread keeps serving the other jobs
+                self._fail(job.seq, InternalError(f"generation failed: {exc}"))
+                continue
             slot = free.pop(0)
             self._prompt_tokens += len(prompt)
             self._active[slot] = _Sequence(job, slot, prompt, sampler, TextStream(job.stop))
@@ -307,6 +310,8 @@ class LlamaCppRuntime(GenerationThread):
                 raise InvalidInputError(f"unknown task {job.task!r}")
         except ServerError as exc:
             self._fail(job.seq, exc)
+        except Exception as exc:  # the thread keeps serving
+            self._fail(job.seq, InternalError(f"{job.task} failed: {exc}"))
 
     def _step(self) -> None:
         llama = self._llama

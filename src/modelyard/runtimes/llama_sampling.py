@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from modelyard.errors import InvalidInputError
+from modelyard.errors import InternalError, InvalidInputError
 from modelyard.protocol.generate import TokenLogprob
 from modelyard.runtimes.generation import GenerationJob
 
@@ -94,7 +94,10 @@ class Sampling:
         # Everything checked before the first native sampler is made: nothing leaks.
         bias = _logit_bias(llama, job.logit_bias, n_vocab)
         grammar = None if job.json_schema is None else schema_grammar(job.json_schema)
-        self.chain = _chain(llama, job, bias, n_vocab, n_ctx)
+        try:
+            self.chain = _chain(llama, job, bias, n_vocab, n_ctx)
+        except Exception as exc:  # a binding that does not match the library
+            raise InternalError(f"llama.cpp's samplers could not be made: {exc}") from None
         if grammar is not None:
             self.grammar = llama.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
             if not self.grammar:
@@ -194,6 +197,17 @@ def _logit_bias(llama: Any, bias: tuple[tuple[int, float], ...], n_vocab: int) -
 
 def _chain(llama: Any, job: GenerationJob, bias: Any, n_vocab: int, n_ctx: int) -> Any:
     chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+    try:
+        _fill_chain(llama, chain, job, bias, n_vocab, n_ctx)
+    except BaseException:
+        llama.llama_sampler_free(chain)  # frees the samplers already added
+        raise
+    return chain
+
+
+def _fill_chain(
+    llama: Any, chain: Any, job: GenerationJob, bias: Any, n_vocab: int, n_ctx: int
+) -> None:
     add = llama.llama_sampler_chain_add
     if bias is not None:
         add(chain, llama.llama_sampler_init_logit_bias(n_vocab, len(bias), bias))
@@ -202,12 +216,12 @@ def _chain(llama: Any, job: GenerationJob, bias: Any, n_vocab: int, n_ctx: int) 
         add(
             chain,
             llama.llama_sampler_init_penalties(
-                n_ctx, 1.0, job.frequency_penalty, job.presence_penalty
+                n_vocab, n_ctx, 1.0, job.frequency_penalty, job.presence_penalty
             ),
         )
     if job.temperature <= 0.0:
         add(chain, llama.llama_sampler_init_greedy())
-        return chain
+        return
     if job.top_k > 0:
         add(chain, llama.llama_sampler_init_top_k(job.top_k))
     if job.top_p < 1.0:
@@ -215,7 +229,6 @@ def _chain(llama: Any, job: GenerationJob, bias: Any, n_vocab: int, n_ctx: int) 
     add(chain, llama.llama_sampler_init_temp(job.temperature))
     seed = llama.LLAMA_DEFAULT_SEED if job.seed is None else job.seed & 0xFFFFFFFF
     add(chain, llama.llama_sampler_init_dist(seed))
-    return chain
 
 
 def tokenize_answer(llama: Any, vocab: Any, job: GenerationJob) -> list[int]:
