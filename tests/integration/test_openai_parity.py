@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,7 +25,8 @@ from tests.servers import running_server, write_config
 pytest.importorskip("llama_cpp", reason="the llm extra installs llama-cpp-python")
 pytest.importorskip("gguf", reason="the llm extra installs gguf")
 pytest.importorskip("openai", reason="the test extra installs the openai client")
-jsonschema = pytest.importorskip("jsonschema", reason="validates the constrained answers")
+pytest.importorskip("jsonschema", reason="validates the constrained answers")
+import jsonschema
 import openai
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
@@ -145,7 +145,7 @@ async def test_json_schema_answers_parse_and_validate(served: Served) -> None:
     free = await served.stock.chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0
     )
-    with pytest.raises(ValueError):
+    with pytest.raises(json.JSONDecodeError):
         json.loads(free.choices[0].message.content or "")
 
 
@@ -203,9 +203,11 @@ async def test_a_required_tool_call_names_a_tool_with_valid_arguments(served: Se
     choice = got.choices[0]
     assert choice.finish_reason == "tool_calls"
     calls = choice.message.tool_calls
-    assert calls is not None and len(calls) == 1
+    assert calls is not None
+    assert len(calls) == 1
     call = calls[0]
-    assert call.type == "function" and call.id.startswith("call_")
+    assert call.type == "function"
+    assert call.id.startswith("call_")
     schemas = {t["function"]["name"]: t["function"].get("parameters") for t in tools}
     assert call.function.name in schemas
     jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
@@ -261,19 +263,23 @@ async def test_chat_logprobs_have_the_asked_shape(served: Served) -> None:
         model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
     )
     choice = got.choices[0]
-    assert choice.logprobs is not None and choice.logprobs.content is not None
+    assert choice.logprobs is not None
+    assert choice.logprobs.content is not None
     content = choice.logprobs.content
-    assert got.usage is not None and len(content) == got.usage.completion_tokens
+    assert got.usage is not None
+    assert len(content) == got.usage.completion_tokens
     assert "".join(t.token for t in content) == choice.message.content
     for entry in content:
         assert entry.logprob <= 0.0
         assert len(entry.top_logprobs) == 3
         tops = [t.logprob for t in entry.top_logprobs]
-        assert tops == sorted(tops, reverse=True) and all(t <= 0 for t in tops)
+        assert tops == sorted(tops, reverse=True)
+        assert all(t <= 0 for t in tops)
         # Greedy: the chosen token is the most likely one.
         assert entry.logprob == pytest.approx(tops[0], abs=1e-5)
         assert bytes(entry.bytes or []) == entry.token.encode()
-    assert got.system_fingerprint and got.system_fingerprint.startswith("fp_")
+    assert got.system_fingerprint
+    assert got.system_fingerprint.startswith("fp_")
 
     plain = await served.stock.chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0
@@ -288,11 +294,14 @@ async def test_completion_logprobs_and_echo(served: Served) -> None:
         model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2
     )
     lp = got.choices[0].logprobs
-    assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs
+    assert lp is not None
+    assert lp.tokens
+    assert lp.token_logprobs
+    assert lp.top_logprobs
     assert lp.text_offset is not None
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
     assert all(x <= 0 for x in lp.token_logprobs)
-    assert all(len(top) <= 2 and top for top in lp.top_logprobs)
+    assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)
     assert lp.text_offset[0] == 0
     assert "".join(lp.tokens) == got.choices[0].text
 
@@ -314,7 +323,8 @@ async def test_n_choices_are_separate_sequences(served: Served) -> None:
     assert [c.index for c in got.choices] == [0, 1, 2]
     texts = [c.text for c in got.choices]
     assert len(set(texts)) > 1, "three seeds drew the same text"
-    assert got.usage is not None and got.usage.completion_tokens == 24
+    assert got.usage is not None
+    assert got.usage.completion_tokens == 24
     again = await served.stock.completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=7, n=3
     )
@@ -377,7 +387,8 @@ async def test_tokenize_and_detokenize_round_trip(served: Served) -> None:
     empty = await served.client.post("/tokenize", json={"model": MODEL, "content": ""})
     assert empty.json() == {"tokens": []}
     bad = await served.client.post("/detokenize", json={"model": MODEL, "tokens": [10**8]})
-    assert bad.status_code == 400 and "tokens" in bad.json()["error"]["message"]
+    assert bad.status_code == 400
+    assert "tokens" in bad.json()["error"]["message"]
 
 
 @pytest.mark.asyncio(loop_scope="module")
