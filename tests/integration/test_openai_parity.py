@@ -26,7 +26,7 @@ pytest.importorskip("llama_cpp", reason="the llm extra installs llama-cpp-python
 pytest.importorskip("gguf", reason="the llm extra installs gguf")
 pytest.importorskip("openai", reason="the test extra installs the openai client")
 pytest.importorskip("jsonschema", reason="validates the constrained answers")
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import openai
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
@@ -112,7 +112,7 @@ async def _greedy_text(served: Served, max_tokens: int = 12, **extra: Any) -> st
     got = await served.stock.completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=max_tokens, temperature=0, **extra
     )
-    return got.choices[0].text
+    return str(got.choices[0].text)
 
 
 async def _tokens(served: Served, text: str) -> list[int]:
@@ -175,7 +175,11 @@ async def test_json_object_answers_are_json_objects_streamed_too(served: Served)
 
 @pytest.mark.asyncio(loop_scope="module")
 async def test_a_bad_schema_is_a_400_naming_response_format(served: Served) -> None:
-    for schema in ({"type": "array", "minItems": 10**9}, {"$ref": "https://example.com/x"}):
+    schemas: list[dict[str, Any]] = [
+        {"type": "array", "minItems": 10**9},
+        {"$ref": "https://example.com/x"},
+    ]
+    for schema in schemas:
         with pytest.raises(openai.BadRequestError) as info:
             await served.stock.chat.completions.create(
                 model=MODEL,

@@ -19,7 +19,7 @@ from tests.unit.generation.sinks import CollectingSink
 pytest.importorskip("llama_cpp", reason="the llm extra runs GGUF models")
 pytest.importorskip("gguf", reason="the llm extra writes the test models")
 pytest.importorskip("jsonschema", reason="validates the constrained answers")
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 
 from modelyard.runtimes.llama_cpp import LlamaCppRuntime
 
