@@ -390,6 +390,9 @@ async def test_tokenize_and_detokenize_round_trip(served: Served) -> None:
     assert "".join(p["piece"] for p in pieces[1:]) == text
     empty = await served.client.post("/tokenize", json={"model": MODEL, "content": ""})
     assert empty.json() == {"tokens": []}
+    # As llama.cpp's one-model server: without 'model', the only generative model.
+    implicit = await served.client.post("/tokenize", json={"content": text})
+    assert implicit.json() == {"tokens": tokens}
     bad = await served.client.post("/detokenize", json={"model": MODEL, "tokens": [10**8]})
     assert bad.status_code == 400
     assert "tokens" in bad.json()["error"]["message"]

@@ -223,7 +223,7 @@ class OpenAIPlane:
 
     async def tokenize(self, body: TokenizeBody, timeout_s: float | None) -> dict[str, Any]:
         """``POST /tokenize``: the model's own token ids of ``content``."""
-        name, version = split_model(body.model)
+        name, version = split_model(self._tokenizer_model(body.model))
         request = GenerateRequest(
             model=name,
             version=version,
@@ -239,7 +239,7 @@ class OpenAIPlane:
 
     async def detokenize(self, body: DetokenizeBody, timeout_s: float | None) -> dict[str, Any]:
         """``POST /detokenize``: the text of token ids."""
-        name, version = split_model(body.model)
+        name, version = split_model(self._tokenizer_model(body.model))
         request = GenerateRequest(
             model=name,
             version=version,
@@ -252,6 +252,17 @@ class OpenAIPlane:
         )
         chunk = await self.dp.generation_task(request)
         return {"content": chunk.text}
+
+    def _tokenizer_model(self, model: str | None) -> str:
+        """``model``, or the only generative model when it is not given."""
+        if model is not None:
+            return model
+        names = [m.name for m in self.dp.generative_models()]
+        if len(names) != 1:
+            raise OpenAIRequestError(
+                f"'model' is required: this server has {len(names)} generative models", "model"
+            )
+        return names[0]
 
     async def embeddings(self, body: EmbeddingBody, timeout_s: float | None) -> dict[str, Any]:
         """One vector per text, from a model with one BYTES input and an FP32 [n, d] output.

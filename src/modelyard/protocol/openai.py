@@ -476,7 +476,8 @@ class TokenizeBody(BaseModel):
     """``POST /tokenize`` (llama.cpp's server's shape, with ``model`` to pick one)."""
 
     model_config = _STRICT
-    model: Annotated[str, Field(min_length=1, max_length=256)]
+    model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    """None: the server's only generative model (as llama.cpp's one-model server)."""
     content: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
     add_special: bool = False
     """Add the model's BOS token, as a prompt gets it."""
@@ -488,7 +489,8 @@ class DetokenizeBody(BaseModel):
     """``POST /detokenize``: token ids back to text."""
 
     model_config = _STRICT
-    model: Annotated[str, Field(min_length=1, max_length=256)]
+    model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    """None: the server's only generative model."""
     tokens: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_TOKENIZE_IDS)]
 
 
