@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -121,7 +122,9 @@ class Sampling:
         llama.llama_sampler_accept(self.chain, token)
         return token
 
-    def token_logprob(self, ctx: Any, index: int, token: int, piece: Any) -> TokenLogprob | None:
+    def token_logprob(
+        self, ctx: Any, index: int, token: int, piece: Callable[[int], bytes]
+    ) -> TokenLogprob | None:
         """``token``'s log probability at batch row ``index`` and the most likely
         alternatives (``piece(id)`` gives a token's bytes); None when not asked for."""
         if self.logprobs is None:
