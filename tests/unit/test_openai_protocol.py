@@ -185,6 +185,17 @@ def test_response_format_and_required_tools_become_a_schema() -> None:
     assert generate_request(body, None).sampling.json_schema == json.dumps(schema)
     body = parse_body(ChatCompletionBody, {**CHAT, "response_format": {"type": "json_object"}})
     assert json.loads(generate_request(body, None).sampling.json_schema or "") == {"type": "object"}
+    # llama.cpp's server's forms: json_object with a schema, json_schema without a name.
+    for fmt in (
+        {"type": "json_object", "schema": schema},
+        {"type": "json_schema", "json_schema": {"schema": schema}},
+    ):
+        body = parse_body(ChatCompletionBody, {**CHAT, "response_format": fmt})
+        assert generate_request(body, None).sampling.json_schema == json.dumps(schema)
+    for bad in ({"type": "json_object", "schema": 123}, {"type": "text", "schema": schema}):
+        assert _refused(ChatCompletionBody, {**CHAT, "response_format": bad}).param == (
+            "response_format"
+        )
     chat = {**CHAT, "logprobs": True, "top_logprobs": 4, "tools": [WEATHER]}
     auto = generate_request(parse_body(ChatCompletionBody, chat), None)
     assert auto.sampling.json_schema is None  # auto: free text, calls read afterwards

@@ -298,7 +298,8 @@ class JsonSchemaFormat(BaseModel):
     """``response_format.json_schema``: the schema the answer must match."""
 
     model_config = _STRICT
-    name: Annotated[str, Field(min_length=1, max_length=64)]
+    name: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    """Required by OpenAI; optional here, as in llama.cpp's server (it names nothing)."""
     description: Annotated[str, Field(max_length=4096)] | None = None
     schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
     """The JSON Schema (absent: any JSON value that is an object)."""
@@ -313,18 +314,22 @@ class ResponseFormat(BaseModel):
     model_config = _STRICT
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    """llama.cpp's server's extension: ``json_object`` with a schema."""
 
     @model_validator(mode="after")
     def _schema_given(self) -> ResponseFormat:
         if (self.type == "json_schema") != (self.json_schema is not None):
             raise ValueError("'json_schema' is given with, and only with, type 'json_schema'")
+        if self.schema_ is not None and self.type != "json_object":
+            raise ValueError("'schema' is given only with type 'json_object'")
         return self
 
     def schema_text(self) -> str | None:
         """The schema the answer must match, as JSON text; None for plain text."""
         if self.type == "text":
             return None
-        schema = None if self.json_schema is None else self.json_schema.schema_
+        schema = self.schema_ if self.json_schema is None else self.json_schema.schema_
         return json.dumps(schema if schema is not None else {"type": "object"})
 
 
