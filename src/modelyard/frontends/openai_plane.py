@@ -164,6 +164,11 @@ class OpenAIPlane:
         finally:
             for task in tasks:
                 task.cancel()  # one choice failed: the others stop too
+        # The answer's size, roughly: the text, and ~64 bytes per logprob entry in JSON.
+        self.dp.check_response_bytes(
+            sum(len(p) for r in results for p in r.parts)
+            + 64 * sum(1 + len(lp.top) for r in results for lp in r.logprobs)
+        )
         lasts = [r.last for r in results]
         counts = usage(*_counts(lasts))
         fingerprint = _fingerprint(body, lasts[0])
