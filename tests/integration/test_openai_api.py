@@ -91,7 +91,7 @@ async def test_bad_requests_get_the_openai_error_object_with_a_4xx(
     assert info.value.status_code == 400
     assert info.value.param == "messages"
     with pytest.raises(openai.BadRequestError) as info:
-        await stock.completions.create(model="add", prompt="hi", n=3)
+        await stock.completions.create(model="add", prompt="hi", n=17)  # at most 16
     assert info.value.param == "n"
     cases = [
         ("/v1/chat/completions", b'{"model": "add", "messages": ['),  # not JSON

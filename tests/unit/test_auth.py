@@ -105,6 +105,8 @@ REST_PLANES = [
     ("POST", "/v1/completions", Plane.DATA),
     ("POST", "/v1/chat/completions", Plane.DATA),
     ("POST", "/v1/embeddings", Plane.DATA),
+    ("POST", "/tokenize", Plane.DATA),
+    ("POST", "/detokenize", Plane.DATA),
     ("GET", "/v2/health/details", Plane.MANAGEMENT),
     ("GET", "/v2/stats", Plane.MANAGEMENT),
     ("GET", "/v2/stats/timeseries", Plane.MANAGEMENT),
@@ -155,7 +157,11 @@ def test_every_rest_route_is_classified_as_intended(tmp_path: Path) -> None:
                 "/v2/health/details"
             ):
                 assert plane is Plane.MANAGEMENT, (method, path)
-            elif path.startswith(("/v2/models/", "/v1/")) or path == "/predict":
+            elif path.startswith(("/v2/models/", "/v1/")) or path in (
+                "/predict",
+                "/tokenize",
+                "/detokenize",
+            ):
                 assert plane is Plane.DATA, (method, path)
             elif path == "/metrics":
                 assert plane is Plane.METRICS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from modelyard.protocol.openai import (
     split_model,
 )
 from modelyard.protocol.openai_answers import embeddings_answer, error_object
+from modelyard.protocol.openai_tools import read_calls
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -38,14 +40,18 @@ def _refused(kind: type[Any], doc: dict[str, Any]) -> OpenAIRequestError:
 @pytest.mark.parametrize(
     ("field", "value", "words"),
     [
-        ("n", 2, "one choice"),
-        ("logprobs", 3, "log probabilities"),
-        ("echo", True, "echo"),
+        ("n", 0, "greater than or equal to 1"),
+        ("n", 17, "less than or equal to 16"),
+        ("logprobs", 21, "less than or equal to 20"),
+        ("logprobs", True, "valid integer"),
         ("best_of", 3, "best_of"),
-        ("frequency_penalty", 0.5, "penalties"),
-        ("presence_penalty", -1, "penalties"),
-        ("logit_bias", {"50256": -100}, "logit_bias"),
+        ("frequency_penalty", 2.5, "less than or equal to 2"),
+        ("presence_penalty", -3, "greater than or equal to -2"),
+        ("logit_bias", {"word": -100}, "token ids"),
+        ("logit_bias", {"-5": 1}, "token ids"),
+        ("logit_bias", {"5": -101}, "greater than or equal to -100"),
         ("suffix", "tail", "suffix"),
+        ("stream_options", {"include_usage": True}, "only allowed with 'stream': true"),
         ("functions_whatever", 1, "unsupported field"),
         ("temperature", 2.5, "less than or equal to 2"),
         ("max_tokens", 0, "greater than or equal to 1"),
@@ -58,7 +64,7 @@ def _refused(kind: type[Any], doc: dict[str, Any]) -> OpenAIRequestError:
         ("prompt", "x" * (MAX_PROMPT_CHARS + 1), "more than"),
     ],
 )
-def test_completion_fields_that_would_change_the_answer_are_refused_by_name(
+def test_completion_fields_out_of_range_or_unsupported_are_refused_by_name(
     field: str, value: object, words: str
 ) -> None:
     error = _refused(CompletionBody, {"model": "m", "prompt": "p", field: value})
@@ -67,24 +73,56 @@ def test_completion_fields_that_would_change_the_answer_are_refused_by_name(
     assert isinstance(error, InvalidInputError)  # a 400 like every malformed request
 
 
+def test_echo_with_logprobs_is_refused_naming_echo() -> None:
+    error = _refused(CompletionBody, {"model": "m", "prompt": "p", "echo": True, "logprobs": 1})
+    assert error.param == "echo"
+    assert "prompt's log probabilities" in error.message
+
+
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+
+
 @pytest.mark.parametrize(
     ("change", "param", "words"),
     [
         ({"messages": []}, "messages", "at least 1"),
         ({"messages": "hi"}, "messages", "valid list"),
-        ({"messages": [{"role": "user"}]}, "messages", "content: Field required"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages", "role"),
+        ({"messages": [{"role": "user"}]}, "messages", "'content' is required"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages", "tool_call_id"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages", "role"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
             "messages",
             "only text content",
         ),
-        ({"messages": [{"role": "user", "content": "x", "name": "a"}]}, "messages", "name"),
-        ({"tools": [{"type": "function"}]}, "tools", "tools"),
-        ({"tool_choice": "auto"}, "tool_choice", "tools"),
-        ({"logprobs": True}, "logprobs", "log probabilities"),
-        ({"response_format": {"type": "json_object"}}, "response_format", "text"),
+        (
+            {"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
+            "messages",
+            "only an assistant",
+        ),
+        ({"tools": [{"type": "function"}]}, "tools", "function"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools", "pattern"),
+        ({"tool_choice": "auto"}, "tool_choice", "needs 'tools'"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "tool_choice",
+            "no tool is named 'x'",
+        ),
+        (
+            {
+                "tools": [WEATHER],
+                "tool_choice": "required",
+                "response_format": {"type": "json_object"},
+            },
+            "response_format",
+            "cannot be combined",
+        ),
+        ({"top_logprobs": 2}, "top_logprobs", "needs 'logprobs': true"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or equal to 20"),
+        ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema"),
+        ({"response_format": {"type": "yaml"}}, "response_format", "json_object"),
         ({"stream_options": {"include_usage": "yes"}}, "stream_options", "valid boolean"),
+        ({"stream_options": {"include_usage": True}}, "stream_options", "stream"),
     ],
 )
 def test_malformed_or_unsupported_chat_bodies_are_refused(
@@ -115,6 +153,73 @@ def test_harmless_fields_are_accepted_and_change_nothing() -> None:
     assert generate_request(body, None) == generate_request(
         parse_body(ChatCompletionBody, CHAT), None
     )
+
+
+def test_sampling_fields_reach_the_protocol_neutral_request() -> None:
+    body = parse_body(
+        CompletionBody,
+        {
+            "model": "m",
+            "prompt": "p",
+            "n": 3,
+            "seed": 9,
+            "frequency_penalty": 0.5,
+            "presence_penalty": -1,
+            "logit_bias": {"17": -100, "3": 2.5},
+            "logprobs": 2,
+        },
+    )
+    requests = [generate_request(body, None, i) for i in range(body.choices)]
+    assert [r.sampling.seed for r in requests] == [9, 10, 11]  # one draw per choice
+    s = requests[0].sampling
+    assert (s.frequency_penalty, s.presence_penalty) == (0.5, -1.0)
+    assert s.logit_bias == ((17, -100.0), (3, 2.5))
+    assert s.logprobs == 2
+    assert s.json_schema is None
+
+
+def test_response_format_and_required_tools_become_a_schema() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    body = parse_body(ChatCompletionBody, {**CHAT, "response_format": fmt})
+    assert generate_request(body, None).sampling.json_schema == json.dumps(schema)
+    body = parse_body(ChatCompletionBody, {**CHAT, "response_format": {"type": "json_object"}})
+    assert json.loads(generate_request(body, None).sampling.json_schema or "") == {"type": "object"}
+    # llama.cpp's server's forms: json_object with a schema, json_schema without a name.
+    for fmt in (
+        {"type": "json_object", "schema": schema},
+        {"type": "json_schema", "json_schema": {"schema": schema}},
+    ):
+        body = parse_body(ChatCompletionBody, {**CHAT, "response_format": fmt})
+        assert generate_request(body, None).sampling.json_schema == json.dumps(schema)
+    for bad in ({"type": "json_object", "schema": 123}, {"type": "text", "schema": schema}):
+        assert _refused(ChatCompletionBody, {**CHAT, "response_format": bad}).param == (
+            "response_format"
+        )
+    chat = {**CHAT, "logprobs": True, "top_logprobs": 4, "tools": [WEATHER]}
+    auto = generate_request(parse_body(ChatCompletionBody, chat), None)
+    assert auto.sampling.json_schema is None  # auto: free text, calls read afterwards
+    assert auto.sampling.logprobs == 4
+    assert json.loads(auto.chat_context or "")["tools"] == [WEATHER]
+    required = generate_request(
+        parse_body(ChatCompletionBody, {**chat, "tool_choice": "required"}), None
+    )
+    call = json.loads(required.sampling.json_schema or "")
+    assert call["properties"]["name"] == {"const": "weather"}
+    assert call["required"] == ["name", "arguments"]
+
+
+def test_tool_calls_are_read_from_hermes_blocks_or_a_bare_call() -> None:
+    tools = parse_body(ChatCompletionBody, {**CHAT, "tools": [WEATHER]}).tools or []
+    content, calls = read_calls(
+        '<tool_call>{"name": "weather", "arguments": {"c": 1}}</tool_call>', tools
+    )
+    assert content is None
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("weather", {"c": 1})]
+    content, calls = read_calls('{"name": "weather", "arguments": {}}', tools)
+    assert [c.name for c in calls] == ["weather"]
+    for text in ('{"name": "other", "arguments": {}}', "<tool_call>not json</tool_call>", "hi"):
+        assert read_calls(text, tools) == (text, [])
 
 
 def test_a_completion_maps_to_the_protocol_neutral_request_with_openai_defaults() -> None:

@@ -414,6 +414,11 @@ class DataPlane:
         """
         return self.generation.generate(request)
 
+    async def generation_task(self, request: GenerateRequest) -> GenerateChunk:
+        """``tokenize``/``detokenize`` on a generative model's own tokenizer: one chunk.
+        See :meth:`modelyard.frontends.generation.Generation.run_task`."""
+        return await self.generation.run_task(request)
+
     async def generate_text(self, request: GenerateRequest) -> dict[str, object]:
         """The whole generation as one answer (see
         :meth:`modelyard.frontends.generation.Generation.generate_text`)."""

@@ -255,6 +255,33 @@ class Generation:
                 self.metrics.preempted(record.key.name)
             await gate.pause(ticket, end if first_at is not None else first_deadline)
 
+    async def run_task(self, request: GenerateRequest) -> GenerateChunk:
+        """``tokenize`` or ``detokenize`` (``request.task``): routed like a generation
+        (resolve, hot-load within the deadline) but answered by the worker at once, in
+        one chunk, without a generation slot or the gate's queue."""
+        if not self.is_serving():
+            raise ModelNotReadyError("server is not ready (starting or shutting down)")
+        started = self.clock.monotonic()
+        name = check_model_name(request.model)
+        record = self.manager.resolve(name, check_version_name(request.version))
+        if not record.config.is_generative:
+            raise InvalidInputError(
+                f"model {request.model!r} has no tokenizer here (runtime "
+                f"{record.config.runtime!r}); tokenize needs a generative model"
+            )
+        client_timeout_s = check_client_timeout(request.timeout_s)
+        async with self.router.route_request(record, started, client_timeout_s) as route:
+            instance = record.instance
+            if not isinstance(instance, GenerativeInstance):
+                raise ModelNotReadyError(f"model {record.key} is not ready")
+            stream = instance.generate(request)
+            try:
+                chunk = await self._next_chunk(record, stream, route.deadline, None)
+            finally:
+                await stream.aclose()
+        self.check_response_bytes(len(chunk.text) + 16 * len(chunk.token_ids))
+        return replace(chunk, model_version=record.key.version)
+
     async def _next_chunk(
         self,
         record: ModelRecord,

@@ -40,14 +40,39 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     """Generation stops before the first occurrence of any of these strings; the stop
     string itself is not returned."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time it was generated already (-2 to 2)."""
+    presence_penalty: float = 0.0
+    """Subtracted from a token's logit once if it was generated already (-2 to 2)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """``(token id, bias)`` pairs added to the logits before sampling (-100 to 100)."""
+    json_schema: str | None = None
+    """A JSON Schema (as JSON text) the output must match: decoding is constrained by a
+    grammar built from it. ``{"type": "object"}`` is any JSON object."""
+    logprobs: int | None = None
+    """None: no log probabilities; k >= 0: each generated token's log probability and
+    the k most likely alternatives at its position."""
 
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
-    """One message of a chat: ``role`` (``system``, ``user``, ``assistant``) and text."""
+    """One message of a chat: ``role`` (``system``, ``user``, ``assistant``, ``tool``)
+    and text."""
 
     role: str
     content: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token with its log probability (natural log, <= 0) and the most
+    likely alternatives at its position, as ``(token id, bytes, logprob)``."""
+
+    token_id: int
+    piece: bytes
+    """The token's bytes (a token may hold part of a UTF-8 character)."""
+    logprob: float
+    top: tuple[tuple[int, bytes, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +96,17 @@ class GenerateRequest:
     resume_token_ids: tuple[int, ...] = ()
     """Set by the server only, never from a request: the tokens a preempted stream had
     produced, from which its sequence resumes (see ``scheduling/generation_gate.py``)."""
+    chat_context: str | None = None
+    """JSON ``{"messages": [...], "tools": [...]}``: the full OpenAI messages (tool calls,
+    tool results) and tool definitions, for a chat template that renders tools; None
+    for a plain chat (``messages`` then says everything)."""
+    task: str = "generate"
+    """``generate``; ``tokenize`` (``prompt`` to token ids, with BOS when
+    ``add_special``) or ``detokenize`` (``token_ids`` to text): answered at once by the
+    model's runtime, in one chunk."""
+    token_ids: tuple[int, ...] = ()
+    """The input of ``detokenize``."""
+    add_special: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +128,9 @@ class GenerateChunk:
     max_tokens_capped_to: int | None = None
     """Set (on every chunk) when brownout capped the request's ``max_tokens`` at this value
     because the model was overloaded; None: the request ran as asked."""
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """With ``SamplingParams.logprobs``: one entry per token generated since the last
+    chunk (the pieces of a tokenize answer, with logprob 0)."""
 
 
 BROWNOUT_KEY = "max_tokens_capped_to"
@@ -137,6 +176,14 @@ def check_generate_request(request: GenerateRequest) -> None:
     check_sampling(request.sampling)
 
 
+MAX_LOGIT_BIAS = 1024
+"""Entries of one ``logit_bias``."""
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives per token (OpenAI's own limit)."""
+MAX_SCHEMA_CHARS = 64 * 1024
+"""Characters of a ``json_schema`` (its grammar is built per request)."""
+
+
 def check_sampling(s: SamplingParams) -> None:
     """InvalidInputError unless every sampling parameter is in range."""
     if s.max_tokens is not None and (
@@ -159,6 +206,19 @@ def check_sampling(s: SamplingParams) -> None:
                 f"each stop string must be a non-empty string of at most {MAX_STOP_CHARS} "
                 "characters"
             )
+    for name, penalty in (("frequency", s.frequency_penalty), ("presence", s.presence_penalty)):
+        if not _number(penalty) or not -2.0 <= penalty <= 2.0:
+            raise InvalidInputError(f"'{name}_penalty' must be a number in [-2, 2]")
+    if len(s.logit_bias) > MAX_LOGIT_BIAS or not all(
+        isinstance(t, int) and t >= 0 and _number(b) and -100 <= b <= 100 for t, b in s.logit_bias
+    ):
+        raise InvalidInputError(
+            f"'logit_bias' maps at most {MAX_LOGIT_BIAS} token ids (>= 0) to numbers in [-100, 100]"
+        )
+    if s.json_schema is not None and len(s.json_schema) > MAX_SCHEMA_CHARS:
+        raise InvalidInputError(f"the JSON schema has more than {MAX_SCHEMA_CHARS} characters")
+    if s.logprobs is not None and not 0 <= s.logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidInputError(f"'logprobs' asks for 0 to {MAX_TOP_LOGPROBS} alternatives")
 
 
 def _number(value: object) -> bool:

@@ -7,13 +7,17 @@ Plain dictionaries, built the way OpenAI's API spells them, so that the stock
 from __future__ import annotations
 
 import base64
+import hashlib
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from modelyard import __version__
 from modelyard.errors import ErrorCode, ServerError
+from modelyard.protocol.generate import TokenLogprob
 
 _ERROR_TYPES: dict[ErrorCode, str] = {
     ErrorCode.MODEL_NOT_FOUND: "invalid_request_error",
@@ -108,6 +112,13 @@ def embeddings_answer(
     }
 
 
+def system_fingerprint(model: str, version: str) -> str:
+    """``system_fingerprint``: names the server release and the model version that
+    answered, so a client sees when either changed (the same for the same pair)."""
+    digest = hashlib.sha256(f"modelyard {__version__} {model}:{version}".encode()).hexdigest()
+    return f"fp_{digest[:12]}"
+
+
 def _envelope(
     answer_id: str,
     kind: str,
@@ -115,6 +126,7 @@ def _envelope(
     model: str,
     choices: list[dict[str, Any]],
     counts: dict[str, int] | None = None,
+    fingerprint: str | None = None,
 ) -> dict[str, Any]:
     """The fields every completion answer and chunk shares, in OpenAI's order."""
     body: dict[str, Any] = {
@@ -124,50 +136,119 @@ def _envelope(
         "model": model,
         "choices": choices,
     }
+    if fingerprint is not None:
+        body["system_fingerprint"] = fingerprint
     if counts is not None:
         body["usage"] = counts
     return body
 
 
-def _text_choice(text: str, finish: str | None) -> dict[str, Any]:
-    return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+def _token_text(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="replace")
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """A chat choice's ``logprobs``: per token its text, bytes, logprob, alternatives."""
+    return {
+        "content": [
+            {
+                "token": _token_text(e.piece),
+                "logprob": e.logprob,
+                "bytes": list(e.piece),
+                "top_logprobs": [
+                    {"token": _token_text(piece), "logprob": lp, "bytes": list(piece)}
+                    for _, piece, lp in e.top
+                ],
+            }
+            for e in entries
+        ],
+        "refusal": None,
+    }
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob], offset: int) -> dict[str, Any]:
+    """A completion choice's ``logprobs`` (the legacy shape): tokens, their logprobs, the
+    alternatives as ``{token: logprob}``, and each token's character offset in the text
+    (counting from ``offset``)."""
+    offsets: list[int] = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(_token_text(e.piece))
+    return {
+        "tokens": [_token_text(e.piece) for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{_token_text(p): lp for _, p, lp in e.top} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def text_choice(
+    index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One choice of ``/v1/completions`` (or of one of its stream events)."""
+    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
+
+
+def chat_choice(
+    index: int,
+    message: dict[str, Any],
+    finish: str | None,
+    logprobs: dict[str, Any] | None = None,
+    *,
+    delta: bool = False,
+) -> dict[str, Any]:
+    """One choice of ``/v1/chat/completions``: a ``message``, or a stream's ``delta``."""
+    return {
+        "index": index,
+        "delta" if delta else "message": message,
+        "logprobs": logprobs,
+        "finish_reason": finish,
+    }
+
+
+def assistant_message(content: str | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """The assistant's message: its text (None when it only calls tools) and calls."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    return message
 
 
 def completion_answer(
-    answer_id: str, created: int, model: str, text: str, finish: str | None, counts: dict[str, int]
+    answer_id: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    counts: dict[str, int],
+    fingerprint: str | None = None,
 ) -> dict[str, Any]:
     """``POST /v1/completions`` without ``stream``."""
-    return _envelope(
-        answer_id, "text_completion", created, model, [_text_choice(text, finish)], counts
-    )
+    return _envelope(answer_id, "text_completion", created, model, choices, counts, fingerprint)
 
 
 def chat_answer(
-    answer_id: str, created: int, model: str, text: str, finish: str | None, counts: dict[str, int]
+    answer_id: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    counts: dict[str, int],
+    fingerprint: str | None = None,
 ) -> dict[str, Any]:
     """``POST /v1/chat/completions`` without ``stream``."""
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": {"role": "assistant", "content": text},
-        "logprobs": None,
-        "finish_reason": finish,
-    }
-    return _envelope(answer_id, "chat.completion", created, model, [choice], counts)
+    return _envelope(answer_id, "chat.completion", created, model, choices, counts, fingerprint)
 
 
-def completion_chunk(
-    answer_id: str, created: int, model: str, text: str, finish: str | None
+def stream_event(
+    answer_id: str,
+    created: int,
+    model: str,
+    chat: bool,
+    choice: dict[str, Any],
+    fingerprint: str | None = None,
 ) -> dict[str, Any]:
-    """One server-sent event of a streamed ``/v1/completions``."""
-    return _envelope(answer_id, "text_completion", created, model, [_text_choice(text, finish)])
-
-
-def chat_chunk(
-    answer_id: str, created: int, model: str, delta: dict[str, str], finish: str | None
-) -> dict[str, Any]:
-    """One server-sent event of a streamed ``/v1/chat/completions``."""
-    choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-    return _envelope(answer_id, "chat.completion.chunk", created, model, [choice])
+    """One server-sent event of a streamed completion: one choice's piece."""
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return _envelope(answer_id, kind, created, model, [choice], None, fingerprint)
 
 
 def usage_chunk(
@@ -176,3 +257,18 @@ def usage_chunk(
     """The last event when ``stream_options.include_usage``: no choices, the counts."""
     kind = "chat.completion.chunk" if chat else "text_completion"
     return _envelope(answer_id, kind, created, model, [], counts)
+
+
+def tokenize_answer(ids: Sequence[int], pieces: Sequence[TokenLogprob] | None) -> dict[str, Any]:
+    """``POST /tokenize``: ``{"tokens": [ids]}``, or ``[{"id", "piece"}]`` with pieces
+    (a piece that is not valid UTF-8 alone is its list of bytes, as llama.cpp sends it)."""
+    if pieces is None:
+        return {"tokens": list(ids)}
+    out: list[dict[str, Any]] = []
+    for p in pieces:
+        try:
+            piece: str | list[int] = p.piece.decode("utf-8")
+        except UnicodeDecodeError:
+            piece = list(p.piece)
+        out.append({"id": p.token_id, "piece": piece})
+    return {"tokens": out}

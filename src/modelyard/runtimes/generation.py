@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from modelyard.errors import InvalidInputError
+from modelyard.protocol.generate import TokenLogprob
 from modelyard.runtimes.base import RuntimeSpec
 
 
@@ -38,6 +39,33 @@ class GenerationJob:
     resume_ids: tuple[int, ...] = ()
     """Tokens this request generated before it was preempted: evaluated after the prompt,
     counted as generated, never sent again; generation continues after them."""
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    json_schema: str | None = None
+    """Constrain the output to this JSON Schema (a runtime without grammars refuses it)."""
+    logprobs: int | None = None
+    """Report each token's log probability and this many alternatives (None: off)."""
+    chat_context: str | None = None
+    """JSON of the full OpenAI messages and tools, for a template that renders tools."""
+    task: str = "generate"
+    """``generate``, ``tokenize`` or ``detokenize`` (answered at once, in one chunk)."""
+    token_ids: tuple[int, ...] = ()
+    add_special: bool = False
+
+    def extras(self) -> list[str]:
+        """The fields this job sets beyond plain sampling, by their OpenAI names (for a
+        runtime that honours none of them and must refuse rather than ignore them)."""
+        named = {
+            "frequency_penalty": self.frequency_penalty != 0.0,
+            "presence_penalty": self.presence_penalty != 0.0,
+            "logit_bias": bool(self.logit_bias),
+            "response_format": self.json_schema is not None,
+            "logprobs": self.logprobs is not None,
+            "tools": self.chat_context is not None,
+            "tokenize": self.task != "generate",
+        }
+        return [name for name, used in named.items() if used]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +93,10 @@ class GenerationSink(Protocol):
         finish_reason: str | None,
         prompt_tokens: int,
         completion_tokens: int,
+        logprobs: tuple[TokenLogprob, ...] = (),
     ) -> None:
-        """Text produced for job ``seq``; the last report has ``finish_reason``."""
+        """Text produced for job ``seq``; the last report has ``finish_reason``;
+        ``logprobs`` one entry per token when the job asked for them."""
         ...
 
     def failed(self, seq: int, code: str, message: str) -> None:

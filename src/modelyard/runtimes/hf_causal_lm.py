@@ -141,6 +141,12 @@ class CausalLMRuntime(GenerationThread):
         torch = self._torch
         sink = self._sink
         assert sink is not None
+        unsupported = job.extras()
+        if unsupported:  # refused, never ignored: the answer would not be what was asked
+            raise InvalidInputError(
+                f"the transformers runtime does not support {', '.join(map(repr, unsupported))}"
+                "; serve the model as GGUF with the llama_cpp runtime for them"
+            )
         prompt = self._prompt(job)
         check_context(len(prompt), job.max_tokens, self._n_ctx)
         self._prompt_tokens += len(prompt)

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from modelyard.errors import InternalError, InvalidInputError, ServerError
-from modelyard.protocol.generate import FINISH_LENGTH, FINISH_STOP
+from modelyard.protocol.generate import FINISH_LENGTH, FINISH_STOP, TokenLogprob
 from modelyard.runtimes.base import RuntimeSpec, find_model_file
-from modelyard.runtimes.chat_template import compile_chat_template
+from modelyard.runtimes.chat_template import chat_messages, compile_chat_template
 from modelyard.runtimes.generation import (
     GenerationJob,
     GenerationStats,
@@ -34,6 +34,7 @@ from modelyard.runtimes.generation import (
 )
 from modelyard.runtimes.generation_thread import GenerationThread
 from modelyard.runtimes.llama_dims import model_dims
+from modelyard.runtimes.llama_sampling import Sampling, detokenize_answer, tokenize_answer
 from modelyard.runtimes.textstream import TextStream
 
 DEFAULT_MAX_CONTEXT = 4096
@@ -86,7 +87,7 @@ class _Sequence:
     job: GenerationJob
     slot: int
     prompt: list[int]
-    sampler: Any
+    sampler: Sampling
     stream: TextStream
     fed: int = 0
     """Prompt tokens already evaluated."""
@@ -99,6 +100,8 @@ class _Sequence:
     pending_ids: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
     """The request's own prompt; ``prompt`` also holds the tokens of a resumed job."""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    """Sampled tokens' log probabilities not reported yet (when the job asked)."""
 
 
 class LlamaCppRuntime(GenerationThread):
@@ -222,7 +225,7 @@ class LlamaCppRuntime(GenerationThread):
         if llama is None:
             return
         for s in self._active.values():
-            llama.llama_sampler_free(s.sampler)
+            s.sampler.free()
         self._active.clear()
         if self._batch is not None:
             llama.llama_batch_free(self._batch)
@@ -271,6 +274,9 @@ class LlamaCppRuntime(GenerationThread):
 
     def _admit(self) -> None:
         free = [i for i in range(self._parallel) if i not in self._active]
+        for job in [j for j in self._waiting if j.task != "generate"]:
+            self._waiting.remove(job)  # answered at once: they need no sequence slot
+            self._answer_task(job)
         while free and self._waiting:
             job = self._waiting.pop(0)
             try:
@@ -278,8 +284,12 @@ class LlamaCppRuntime(GenerationThread):
                 # completion; a plain prompt gets the model's BOS added.
                 prompt = self._tokenize(self._render(job), add_bos=job.messages is None)
                 check_context(len(prompt), job.max_tokens, self._n_ctx)
+                sampler = Sampling(self._llama, self._vocab, self._n_ctx, job)
             except ServerError as exc:
                 self._fail(job.seq, exc)
+                continue
+            except Exception as exc:  # the thread keeps serving the other jobs
+                self._fail(job.seq, InternalError(f"generation failed: {exc}"))
                 continue
             slot = free.pop(0)
             self._prompt_tokens += len(prompt)
@@ -289,11 +299,31 @@ class LlamaCppRuntime(GenerationThread):
                 job,
                 slot,
                 prompt + list(job.resume_ids),
-                self._sampler(job),
+                sampler,
                 TextStream(job.stop),
                 generated=len(job.resume_ids),
                 prompt_tokens=len(prompt),
             )
+
+    def _answer_task(self, job: GenerationJob) -> None:
+        """``tokenize`` or ``detokenize``: one chunk (a tokenize's pieces as logprobs 0)."""
+        llama, vocab = self._llama, self._vocab
+        try:
+            if job.task == "tokenize":
+                ids = tokenize_answer(llama, vocab, job)
+                pieces = tuple(TokenLogprob(t, self._piece_bytes(t, True), 0.0) for t in ids)
+                if self._sink is not None:
+                    self._sink.chunk(job.seq, "", ids, FINISH_STOP, len(ids), 0, pieces)
+            elif job.task == "detokenize":
+                text = detokenize_answer(llama, vocab, job.token_ids)
+                if self._sink is not None:
+                    self._sink.chunk(job.seq, text, list(job.token_ids), FINISH_STOP, 0, 0)
+            else:
+                raise InvalidInputError(f"unknown task {job.task!r}")
+        except ServerError as exc:
+            self._fail(job.seq, exc)
+        except Exception as exc:  # the thread keeps serving
+            self._fail(job.seq, InternalError(f"{job.task} failed: {exc}"))
 
     def _step(self) -> None:
         llama = self._llama
@@ -326,7 +356,17 @@ class LlamaCppRuntime(GenerationThread):
             raise RuntimeError(f"llama_decode returned {rc}")
         for s in list(self._active.values()):
             if s.logits_index >= 0:
-                token = llama.llama_sampler_sample(s.sampler, self._ctx, s.logits_index)
+                try:
+                    token = s.sampler.sample(self._ctx, s.logits_index)
+                    lp = s.sampler.token_logprob(
+                        self._ctx, s.logits_index, token, self._piece_bytes
+                    )
+                except ServerError as exc:  # a grammar no token can continue
+                    self._end(s)
+                    self._fail(s.job.seq, exc)
+                    continue
+                if lp is not None:
+                    s.logprobs.append(lp)
                 self._generated += 1
                 self._accept(s, token)
 
@@ -354,13 +394,17 @@ class LlamaCppRuntime(GenerationThread):
             self._report(s, piece.text, piece.token_ids, None)
 
     def _report(self, s: _Sequence, text: str, ids: list[int], finish: str | None) -> None:
+        # The log probabilities of the tokens this piece holds, in order (a piece holds
+        # the tokens the stop-string check kept back too).
+        lps = tuple(s.logprobs[: len(ids)]) if s.logprobs else ()
+        del s.logprobs[: len(lps)]
         if self._sink is not None:
-            self._sink.chunk(s.job.seq, text, ids, finish, s.prompt_tokens, s.generated)
+            self._sink.chunk(s.job.seq, text, ids, finish, s.prompt_tokens, s.generated, lps)
 
     def _end(self, s: _Sequence) -> None:
         llama = self._llama
         llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), s.slot, -1, -1)
-        llama.llama_sampler_free(s.sampler)
+        s.sampler.free()
         self._active.pop(s.slot, None)
 
     # ------------------------------------------------------------------ helpers
@@ -375,29 +419,16 @@ class LlamaCppRuntime(GenerationThread):
             b.seq_id[i][0] = seq_id
             b.logits[i] = 1 if logits else 0
 
-    def _sampler(self, job: GenerationJob) -> Any:
-        llama = self._llama
-        chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
-        if job.temperature <= 0.0:
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
-            return chain
-        if job.top_k > 0:
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(job.top_k))
-        if job.top_p < 1.0:
-            llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(job.top_p, 1))
-        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(job.temperature))
-        seed = llama.LLAMA_DEFAULT_SEED if job.seed is None else job.seed & 0xFFFFFFFF
-        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_dist(seed))
-        return chain
-
     def _render(self, job: GenerationJob) -> str:
         if job.messages is None:
             return job.prompt or ""
         if self._template_source is None:
             raise InvalidInputError("this model has no chat template; send a prompt instead")
+        messages, tools = chat_messages(job, self._template_source)
         try:
             text = self.chat_template().render(
-                messages=[{"role": r, "content": c} for r, c in job.messages],
+                messages=messages,
+                tools=tools,
                 add_generation_prompt=True,
                 bos_token=self._bos_text,
                 eos_token=self._eos_text,
@@ -423,12 +454,12 @@ class LlamaCppRuntime(GenerationThread):
             raise InvalidInputError("the prompt is empty")
         return list(buf[:n])
 
-    def _piece_bytes(self, token: int) -> bytes:
+    def _piece_bytes(self, token: int, special: bool = False) -> bytes:
         buf = ctypes.create_string_buffer(64)
-        n = self._llama.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+        n = self._llama.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = self._llama.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            n = self._llama.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
         return buf.raw[:n]
 
     def _piece(self, token: int, *, special: bool) -> str:

@@ -29,6 +29,7 @@ from pathlib import Path
 import msgspec
 
 from modelyard.errors import ErrorCode, InternalError, ServerError
+from modelyard.protocol.generate import TokenLogprob
 from modelyard.runtimes import (
     GENERATIVE_KINDS,
     GenerativeRuntime,
@@ -223,9 +224,18 @@ class _ChannelSink:
         finish_reason: str | None,
         prompt_tokens: int,
         completion_tokens: int,
+        logprobs: tuple[TokenLogprob, ...] = (),
     ) -> None:
         self.send(
-            Chunk(seq, text, tuple(token_ids), finish_reason, prompt_tokens, completion_tokens)
+            Chunk(
+                seq,
+                text,
+                tuple(token_ids),
+                finish_reason,
+                prompt_tokens,
+                completion_tokens,
+                logprobs,
+            )
         )
 
     def failed(self, seq: int, code: str, message: str) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
+from modelyard.protocol.generate import TokenLogprob
 from modelyard.runtimes.base import RuntimeSpec, TensorSpec
 from modelyard.runtimes.generation import GenerationJob, GenerationStats
 
@@ -134,6 +135,8 @@ class Chunk(msgspec.Struct, frozen=True, array_like=True, tag="c"):
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """Per token, when the job asked for log probabilities."""
 
 
 class Cancel(msgspec.Struct, frozen=True, array_like=True, tag="k"):

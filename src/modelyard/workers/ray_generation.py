@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 
 from modelyard.errors import ErrorCode, ModelLoadError, ServerError
+from modelyard.protocol.generate import TokenLogprob
 from modelyard.repository.manifest import load_public_key, verify_manifest
 from modelyard.runtimes import create_generative_runtime
 from modelyard.runtimes.base import RuntimeSpec
@@ -83,11 +84,12 @@ class _QueueSink:
         finish_reason: str | None,
         prompt_tokens: int,
         completion_tokens: int,
+        logprobs: tuple[TokenLogprob, ...] = (),
     ) -> None:
-        self._put(
-            seq,
-            Chunk(seq, text, tuple(token_ids), finish_reason, prompt_tokens, completion_tokens),
+        chunk = Chunk(
+            seq, text, tuple(token_ids), finish_reason, prompt_tokens, completion_tokens, logprobs
         )
+        self._put(seq, chunk)
 
     def failed(self, seq: int, code: str, message: str) -> None:
         self._put(seq, ErrorInfo(code, message))

@@ -268,6 +268,7 @@ class RayInstance:
                     finish_reason=item.finish_reason,
                     prompt_tokens=item.prompt_tokens,
                     completion_tokens=item.completion_tokens,
+                    logprobs=item.logprobs,
                 )
         finally:
             if not finished and self.is_alive:

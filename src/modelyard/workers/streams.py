@@ -54,7 +54,16 @@ def generation_job(seq: int, request: GenerateRequest) -> GenerationJob:
         s.top_k,
         s.seed,
         s.stop,
-        request.resume_token_ids,
+        resume_ids=request.resume_token_ids,
+        frequency_penalty=s.frequency_penalty,
+        presence_penalty=s.presence_penalty,
+        logit_bias=s.logit_bias,
+        json_schema=s.json_schema,
+        logprobs=s.logprobs,
+        chat_context=request.chat_context,
+        task=request.task,
+        token_ids=request.token_ids,
+        add_special=request.add_special,
     )
 
 
@@ -129,6 +138,7 @@ class GenerationStreams:
                     finish_reason=item.finish_reason,
                     prompt_tokens=item.prompt_tokens,
                     completion_tokens=item.completion_tokens,
+                    logprobs=item.logprobs,
                 )
                 # The consumer is back for more, so it has handled the first chunk (as far
                 # as its own consumers go before asking again): work waiting for the gate

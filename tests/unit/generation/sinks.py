@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from modelyard.protocol.generate import TokenLogprob
+
 
 @dataclass
 class Report:
@@ -15,6 +17,7 @@ class Report:
     chunks: int = 0
     finish_reason: str | None = None
     completion_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     error: tuple[str, str] | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -36,10 +39,12 @@ class CollectingSink:
         finish_reason: str | None,
         prompt_tokens: int,
         completion_tokens: int,
+        logprobs: tuple[TokenLogprob, ...] = (),
     ) -> None:
         r = self._of(seq)
         r.text += text
         r.token_ids += token_ids
+        r.logprobs += logprobs
         r.chunks += 1
         r.completion_tokens = completion_tokens
         if finish_reason is not None:

@@ -35,6 +35,7 @@ _DATA_PATH = re.compile(
     r"/v2/models/[^/]+(?:/versions/[^/]+)?"
     r"(?:/infer|/ready|/generate|/generate_stream|/config|/stats)?|/predict"
     r"|/v1/models(?:/[^/]+)?|/v1/completions|/v1/chat/completions|/v1/embeddings"
+    r"|/tokenize|/detokenize"
 )
 
 

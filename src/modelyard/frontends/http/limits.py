@@ -14,7 +14,16 @@ def is_generate_path(path: str) -> bool:
     return path.startswith("/v2/models/") and path.endswith(("/generate", "/generate_stream"))
 
 
-_DATA_ROUTES = frozenset({"/predict", "/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
+_DATA_ROUTES = frozenset(
+    {
+        "/predict",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/embeddings",
+        "/tokenize",
+        "/detokenize",
+    }
+)
 """Routes besides infer and generate whose bodies carry tensors or prompts (the larger limit)."""
 
 

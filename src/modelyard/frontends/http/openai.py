@@ -1,5 +1,6 @@
 """The OpenAI-compatible REST routes: ``/v1/models``, ``/v1/completions``,
-``/v1/chat/completions`` (server-sent events with ``stream: true``) and ``/v1/embeddings``.
+``/v1/chat/completions`` (server-sent events with ``stream: true``), ``/v1/embeddings``,
+and llama.cpp's ``/tokenize`` and ``/detokenize``.
 
 Handlers read the body, parse it strictly (:mod:`modelyard.protocol.openai`), call
 :class:`~modelyard.frontends.openai_plane.OpenAIPlane` and write its answer. Every
@@ -32,7 +33,9 @@ from modelyard.protocol.documents import json_object
 from modelyard.protocol.openai import (
     ChatCompletionBody,
     CompletionBody,
+    DetokenizeBody,
     EmbeddingBody,
+    TokenizeBody,
     parse_body,
 )
 from modelyard.protocol.openai_answers import error_object
@@ -168,6 +171,18 @@ class OpenAIApi:
         work = self.plane.embeddings(body, self._timeout_s(request))
         return json_response(await unless_disconnected(request.receive, work))
 
+    async def tokenize(self, request: Request) -> Response:
+        """``POST /tokenize`` (llama.cpp's server's shape, plus ``model``)."""
+        body = parse_body(TokenizeBody, await self._body(request))
+        work = self.plane.tokenize(body, self._timeout_s(request))
+        return json_response(await unless_disconnected(request.receive, work))
+
+    async def detokenize(self, request: Request) -> Response:
+        """``POST /detokenize``."""
+        body = parse_body(DetokenizeBody, await self._body(request))
+        work = self.plane.detokenize(body, self._timeout_s(request))
+        return json_response(await unless_disconnected(request.receive, work))
+
     def routes(self) -> list[BaseRoute]:
         """Every ``/v1`` route."""
         g = _guarded
@@ -177,4 +192,6 @@ class OpenAIApi:
             Route("/v1/completions", g(self.completions), methods=["POST"]),
             Route("/v1/chat/completions", g(self.chat_completions), methods=["POST"]),
             Route("/v1/embeddings", g(self.embeddings), methods=["POST"]),
+            Route("/tokenize", g(self.tokenize), methods=["POST"]),
+            Route("/detokenize", g(self.detokenize), methods=["POST"]),
         ]

@@ -24,7 +24,7 @@ OPENAI_PREFIX = "/v1/"
 
 def is_openai_path(path: str) -> bool:
     """Whether ``path`` belongs to the OpenAI-compatible API."""
-    return path.startswith(OPENAI_PREFIX)
+    return path.startswith(OPENAI_PREFIX) or path in ("/tokenize", "/detokenize")
 
 
 def error_response_at(path: str, exc: ServerError) -> Response:
