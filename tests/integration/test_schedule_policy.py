@@ -136,8 +136,10 @@ async def test_every_route_honours_the_clients_timeout(routes: Routes, case: str
     # The client sets no deadline of its own here: a quick "deadline exceeded" is the server's.
     assert await routes.send(route, SLOW, **policy) == DEADLINE
     assert time.monotonic() - t0 < ANSWERED_WITHIN_S
-    # The server keeps serving on that route.
-    assert await routes.send(route, 0.5, **policy) == OK
+    # The server keeps serving on that route. Without the short timeout: this request
+    # checks that the route still serves, not how fast (under load, a 50 ms budget for a
+    # whole round trip behind the still-running slow call is what made this test flaky).
+    assert await routes.send(route, 0.5) == OK
 
 
 async def test_grpc_honours_its_own_deadline(routes: Routes) -> None:
