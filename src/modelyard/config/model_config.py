@@ -49,6 +49,10 @@ class GenerationConfig(BaseModel):
     queue. The KV cache holds ``n_ctx`` tokens for each."""
     n_batch: PositiveInt = 512
     """Prompt tokens evaluated per llama.cpp decode call."""
+    prefix_reuse: bool = True
+    """Keep what each sequence slot evaluated after its request ends, and start a later
+    prompt that begins with the same tokens from there (llama.cpp; the KV cache it lives
+    in is already budgeted). Off: every prompt is evaluated in full."""
     brownout_max_tokens: PositiveInt | None = None
     """Under overload, each newly admitted request's ``max_tokens`` is capped at this and
     its answer is marked (see :mod:`modelyard.scheduling.brownout`); None: brownout off."""

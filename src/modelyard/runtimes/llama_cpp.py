@@ -25,44 +25,24 @@ from typing import Any
 from modelyard.errors import InternalError, InvalidInputError, ServerError
 from modelyard.protocol.generate import FINISH_LENGTH, FINISH_STOP
 from modelyard.runtimes.base import RuntimeSpec, find_model_file
+from modelyard.runtimes.llama_backend import init_backend
 from modelyard.runtimes.chat_template import compile_chat_template
 from modelyard.runtimes.generation import (
     GenerationJob,
     GenerationStats,
+    bool_option,
     check_context,
     int_option,
 )
 from modelyard.runtimes.generation_thread import GenerationThread
 from modelyard.runtimes.llama_dims import model_dims
+from modelyard.runtimes.prompt_prefix import SlotPrefixes
 from modelyard.runtimes.textstream import TextStream
 
 DEFAULT_MAX_CONTEXT = 4096
 """The context a model gets without ``n_ctx``: its trained length, at most this."""
 KV_ELEMENT_BYTES = 2
 """llama.cpp's KV cache holds F16 keys and values by default."""
-
-_backend_ready = False
-_log_callback: Any = None
-
-
-def _init_backend(llama: Any) -> None:
-    global _backend_ready, _log_callback
-    if _backend_ready:
-        return
-
-    # llama.cpp logs every tensor at load; keep its errors only (on the worker's stderr).
-    @llama.llama_log_callback  # type: ignore[untyped-decorator]
-    def log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-        if level == 3:  # GGML_LOG_LEVEL_ERROR
-            import sys
-
-            sys.stderr.write(text.decode("utf-8", errors="replace"))
-
-    _log_callback = log  # a ctypes callback must outlive its registration
-    llama.llama_log_set(log, ctypes.c_void_p(0))
-    llama.llama_backend_init()
-    _backend_ready = True
-
 
 def prepare_fork_server() -> None:
     """Import llama-cpp-python and start its backend, once, in the fork server.
@@ -73,7 +53,7 @@ def prepare_fork_server() -> None:
     """
     import llama_cpp
 
-    _init_backend(llama_cpp)
+    init_backend(llama_cpp)
     # jinja2 builds its lexer (a dozen regular expressions) per environment settings on
     # first use; building it here saves each worker 3-4 ms of its chat template's compile.
     compile_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
@@ -94,6 +74,8 @@ class _Sequence:
     """Tokens in this sequence's KV cache."""
     last: int = -1
     """The token sampled last, evaluated in the next step."""
+    evaluated: list[int] = field(default_factory=list)
+    """Generated tokens in this sequence's KV cache (after the prompt's ``fed``)."""
     generated: int = 0
     logits_index: int = -1
     pending_ids: list[int] = field(default_factory=list)
@@ -124,6 +106,8 @@ class LlamaCppRuntime(GenerationThread):
         self._active: dict[int, _Sequence] = {}
         self._generated = 0
         self._prompt_tokens = 0
+        self._reused_tokens = 0
+        self._prefixes = SlotPrefixes(1)
 
     # ------------------------------------------------------------------ load
 
@@ -137,7 +121,7 @@ class LlamaCppRuntime(GenerationThread):
         import llama_cpp
 
         llama = self._llama = llama_cpp
-        _init_backend(llama)
+        init_backend(llama)
         path = find_model_file(Path(spec.version_dir), (".gguf",), spec.model_file)
         self._parallel = parallel = max(1, int_option(spec, "parallel", 1))
         self._n_batch = max(parallel, int_option(spec, "n_batch", 512))
@@ -162,7 +146,8 @@ class LlamaCppRuntime(GenerationThread):
         cparams.n_seq_max = parallel
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
-        cparams.kv_unified = False  # each sequence its own n_ctx, no shared prefix expected
+        # Each sequence its own n_ctx; a prefix is reused within a slot (prompt_prefix.py).
+        cparams.kv_unified = False
         cparams.no_perf = True
         self._ctx = llama.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -172,6 +157,7 @@ class LlamaCppRuntime(GenerationThread):
         self._n_ctx = llama.llama_n_ctx(self._ctx) // parallel
         self._kv_bytes = self._n_ctx * parallel * dims.kv_bytes_per_token(KV_ELEMENT_BYTES)
         self._batch = llama.llama_batch_init(self._n_batch, 0, 1)
+        self._prefixes = SlotPrefixes(parallel, enabled=bool_option(spec, "prefix_reuse", True))
         self._bos_text = self._piece(llama.llama_vocab_bos(self._vocab), special=True)
         self._eos_text = self._piece(llama.llama_vocab_eos(self._vocab), special=True)
         # The chat template is compiled when a chat request first needs it (2-3 ms on a
@@ -203,7 +189,8 @@ class LlamaCppRuntime(GenerationThread):
     # ------------------------------------------------------------------ jobs
 
     def stats(self) -> GenerationStats:
-        """Counters: tokens generated, prompt tokens, active jobs, KV-cache bytes."""
+        """Counters: tokens generated, prompt tokens (and those reused from the KV
+        cache), active jobs, KV-cache bytes."""
         return GenerationStats(
             generated_tokens=self._generated,
             prompt_tokens=self._prompt_tokens,
@@ -211,6 +198,7 @@ class LlamaCppRuntime(GenerationThread):
             kv_cache_bytes=self._kv_bytes,
             context_length=self._n_ctx,
             parallel=self._parallel,
+            reused_prompt_tokens=self._reused_tokens,
         )
 
     def close(self) -> None:
@@ -254,7 +242,7 @@ class LlamaCppRuntime(GenerationThread):
                     self._step()
                 except Exception as exc:  # a decode failure fails the running jobs
                     for s in list(self._active.values()):
-                        self._end(s)
+                        self._end(s, clear=True)
                         self._fail(s.job.seq, InternalError(f"generation failed: {exc}"))
 
     def _drop_cancelled(self) -> None:
@@ -279,10 +267,15 @@ class LlamaCppRuntime(GenerationThread):
             except ServerError as exc:
                 self._fail(job.seq, exc)
                 continue
-            slot = free.pop(0)
+            slot, reused = self._prefixes.choose(free, prompt)
+            free.remove(slot)
+            # The slot keeps the prompt's first ``reused`` tokens; the rest goes.
+            llama = self._llama
+            llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), slot, reused, -1)
             self._prompt_tokens += len(prompt)
+            self._reused_tokens += reused
             self._active[slot] = _Sequence(
-                job, slot, prompt, self._sampler(job), TextStream(job.stop)
+                job, slot, prompt, self._sampler(job), TextStream(job.stop), reused, reused
             )
 
     def _step(self) -> None:
@@ -306,6 +299,7 @@ class LlamaCppRuntime(GenerationThread):
             elif room > 0:
                 s.logits_index = len(entries)
                 entries.append((s.last, s.position, s.slot, True))
+                s.evaluated.append(s.last)
                 s.position += 1
                 room -= 1
         if not entries:
@@ -347,9 +341,16 @@ class LlamaCppRuntime(GenerationThread):
         if self._sink is not None:
             self._sink.chunk(s.job.seq, text, ids, finish, len(s.prompt), s.generated)
 
-    def _end(self, s: _Sequence) -> None:
+    def _end(self, s: _Sequence, *, clear: bool = False) -> None:
+        """Free the job's sampler and its slot; the slot's cache keeps what the job
+        evaluated, for a later prompt that starts the same (``clear``: after a failed
+        decode, whose cache content is unknown)."""
         llama = self._llama
-        llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), s.slot, -1, -1)
+        if clear:
+            llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), s.slot, -1, -1)
+            self._prefixes.forget(s.slot)
+        else:
+            self._prefixes.keep(s.slot, s.prompt[: s.fed] + s.evaluated)
         llama.llama_sampler_free(s.sampler)
         self._active.pop(s.slot, None)
 
