@@ -25,7 +25,6 @@ from typing import Any
 from modelyard.errors import InternalError, InvalidInputError, ServerError
 from modelyard.protocol.generate import FINISH_LENGTH, FINISH_STOP
 from modelyard.runtimes.base import RuntimeSpec, find_model_file
-from modelyard.runtimes.llama_backend import init_backend
 from modelyard.runtimes.chat_template import compile_chat_template
 from modelyard.runtimes.generation import (
     GenerationJob,
@@ -35,6 +34,7 @@ from modelyard.runtimes.generation import (
     int_option,
 )
 from modelyard.runtimes.generation_thread import GenerationThread
+from modelyard.runtimes.llama_backend import init_backend
 from modelyard.runtimes.llama_dims import model_dims
 from modelyard.runtimes.prompt_prefix import SlotPrefixes
 from modelyard.runtimes.textstream import TextStream
@@ -43,6 +43,7 @@ DEFAULT_MAX_CONTEXT = 4096
 """The context a model gets without ``n_ctx``: its trained length, at most this."""
 KV_ELEMENT_BYTES = 2
 """llama.cpp's KV cache holds F16 keys and values by default."""
+
 
 def prepare_fork_server() -> None:
     """Import llama-cpp-python and start its backend, once, in the fork server.
