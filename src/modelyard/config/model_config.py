@@ -204,6 +204,12 @@ class ModelConfig(BaseModel):
     """Sample inputs for warm-up (nested lists by input name); default: generated."""
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     """Context, threads, offload and parallel sequences of a generative model."""
+    base: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    """A LoRA adapter over another model (``runtime: llama_cpp``): the name of the model
+    whose GGUF file it applies to; this model's own folder holds the adapter (a GGUF LoRA
+    file, as llama.cpp's ``convert_lora_to_gguf.py`` writes it). The base's file is
+    mapped, shared and charged once however many adapters and the base itself use it;
+    each adapter's bytes, KV cache and buffers are its own."""
 
     @property
     def is_generative(self) -> bool:
@@ -235,6 +241,11 @@ class ModelConfig(BaseModel):
                 raise ValueError("set 'device' or 'devices', not both")
         if any(slo <= 0 for slo in self.latency_slo_by_priority_s.values()):
             raise ValueError("latency_slo_by_priority_s objectives must be > 0 seconds")
+        if self.base is not None:
+            if self.runtime != "llama_cpp":
+                raise ValueError("'base' (a LoRA adapter over a model) needs runtime llama_cpp")
+            if self.base == self.name:
+                raise ValueError(f"model {self.name!r} cannot be its own base")
         if self.name in self.fallback:
             raise ValueError(f"model {self.name!r} cannot be its own fallback")
         if len(set(self.fallback)) != len(self.fallback):

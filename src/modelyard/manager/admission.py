@@ -30,11 +30,10 @@ from modelyard.manager.eviction import (
     top_scale,
 )
 from modelyard.manager.hot_set import awaited, hot_set, just_loaded, wait_to_spare_hottest
-from modelyard.manager.llm_memory import gguf_estimate
+from modelyard.manager.llm_memory import gguf_estimate, model_gguf
 from modelyard.manager.records import Holder, ModelRecord, Replica, ReplicaState
 from modelyard.manager.states import RESIDENT, ModelState
 from modelyard.repository.layout import dir_size_bytes
-from modelyard.runtimes.base import find_model_file
 from modelyard.workers.footprint import MappedFile, weight_files
 
 _MIB = 1024 * 1024
@@ -136,7 +135,7 @@ class Admission:
             if (device or record.device).startswith("cuda:"):
                 return []
             try:
-                return [MappedFile.of(find_model_file(record.path, (".gguf",), record.model_file))]
+                return [MappedFile.of(model_gguf(record))]
             except OSError:
                 return []
         if not (cfg.share_weights and cfg.runtime == "onnx"):

@@ -20,7 +20,7 @@ worker's own, not the page cache); what stays is read from the mapped file on th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from modelyard.config.model_config import GenerationConfig
@@ -131,6 +131,26 @@ def estimate_gguf(path: Path, config: GenerationConfig) -> GgufEstimate:
     )
 
 
+def model_gguf(record: ModelRecord) -> Path:
+    """The GGUF file ``record``'s worker maps: its own, or an adapter's base file (OSError
+    when there is none, or an adapter's base is not resolved yet)."""
+    if record.config.base is not None:
+        if record.base_file is None:
+            raise FileNotFoundError(f"the base of {record.key} is not resolved")
+        return record.base_file
+    return find_model_file(record.path, (".gguf",), record.model_file)
+
+
+def adapter_bytes(record: ModelRecord) -> int:
+    """The size of an adapter's own GGUF file (read into the worker's memory), else 0."""
+    if record.config.base is None:
+        return 0
+    try:
+        return find_model_file(record.path, (".gguf",), record.model_file).stat().st_size
+    except OSError:
+        return 0
+
+
 def context_length_of(record: ModelRecord) -> int | None:
     """The context per sequence a generative model will have, read from its file's header
     before it loads (None when unknown: not GGUF, or the header cannot be read)."""
@@ -138,22 +158,25 @@ def context_length_of(record: ModelRecord) -> int | None:
     if cfg.runtime != "llama_cpp":
         return cfg.generation.n_ctx
     try:
-        path = find_model_file(record.path, (".gguf",), record.model_file)
-        return context_tokens(header_dims(path)[0], cfg.generation)
+        return context_tokens(header_dims(model_gguf(record))[0], cfg.generation)
     except (OSError, GGUFError):
         return cfg.generation.n_ctx
 
 
 def gguf_estimate(record: ModelRecord) -> GgufEstimate | None:
     """The header-based estimate of a ``llama_cpp`` model (None for other runtimes, or
-    when the file cannot be read: the load then fails with the reason)."""
+    when the file cannot be read: the load then fails with the reason). An adapter's is
+    its base's, plus the adapter's own bytes in its private part."""
     if record.config.runtime != "llama_cpp":
         return None
     try:
-        path = find_model_file(record.path, (".gguf",), record.model_file)
-        return estimate_gguf(path, record.config.generation)
+        estimate = estimate_gguf(model_gguf(record), record.config.generation)
     except (OSError, GGUFError):
         return None
+    adapter = adapter_bytes(record)
+    if adapter:
+        estimate = replace(estimate, compute_bytes=estimate.compute_bytes + adapter)
+    return estimate
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from modelyard.runtimes.generation import (
     int_option,
 )
 from modelyard.runtimes.generation_thread import GenerationThread
-from modelyard.runtimes.llama_backend import init_backend
+from modelyard.runtimes.llama_backend import adapter_and_model, init_backend
 from modelyard.runtimes.llama_dims import model_dims
 from modelyard.runtimes.prompt_prefix import SlotPrefixes
 from modelyard.runtimes.textstream import TextStream
@@ -92,6 +92,7 @@ class LlamaCppRuntime(GenerationThread):
         super().__init__()
         self._llama: Any = None
         self._model: Any = None
+        self._adapter: Any = None
         self._ctx: Any = None
         self._vocab: Any = None
         self._batch: Any = None
@@ -124,6 +125,7 @@ class LlamaCppRuntime(GenerationThread):
         llama = self._llama = llama_cpp
         init_backend(llama)
         path = find_model_file(Path(spec.version_dir), (".gguf",), spec.model_file)
+        adapter, path = adapter_and_model(spec, path)
         self._parallel = parallel = max(1, int_option(spec, "parallel", 1))
         self._n_batch = max(parallel, int_option(spec, "n_batch", 512))
         threads = max(1, int_option(spec, "n_threads", 2))
@@ -136,6 +138,10 @@ class LlamaCppRuntime(GenerationThread):
         self._model = llama.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise ValueError(f"llama.cpp could not load {path}")
+        if adapter is not None:  # a LoRA adapter over the mapped base (its tensors read)
+            self._adapter = llama.llama_adapter_lora_init(self._model, str(adapter).encode())
+            if not self._adapter:
+                raise ValueError(f"llama.cpp could not load the LoRA adapter {adapter}")
         self._vocab = llama.llama_model_get_vocab(self._model)
         dims = model_dims(llama, self._model, path)
         n_ctx = int_option(spec, "n_ctx", 0) or min(dims.context_length, DEFAULT_MAX_CONTEXT)
@@ -155,6 +161,10 @@ class LlamaCppRuntime(GenerationThread):
             raise ValueError(
                 f"llama.cpp could not create a context of {n_ctx} tokens x {parallel} sequences"
             )
+        if self._adapter:
+            adapters = (llama.llama_adapter_lora_p_ctypes * 1)(self._adapter)
+            if llama.llama_set_adapters_lora(self._ctx, adapters, 1, (ctypes.c_float * 1)(1.0)):
+                raise ValueError(f"llama.cpp could not apply the LoRA adapter {adapter}")
         self._n_ctx = llama.llama_n_ctx(self._ctx) // parallel
         self._kv_bytes = self._n_ctx * parallel * dims.kv_bytes_per_token(KV_ELEMENT_BYTES)
         self._batch = llama.llama_batch_init(self._n_batch, 0, 1)
@@ -217,7 +227,7 @@ class LlamaCppRuntime(GenerationThread):
         if self._ctx:
             llama.llama_free(self._ctx)
             self._ctx = None
-        if self._model:
+        if self._model:  # its adapter with it
             llama.llama_model_free(self._model)
             self._model = None
 
