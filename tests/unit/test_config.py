@@ -20,6 +20,20 @@ BAD = [
     ("not-a-mapping", "- 1\n- 2\n", "top level must be a mapping"),
     ("bad-yaml", "models: [\n", "not valid YAML"),
     ("negative-spares", "spare_workers: -1\n", "spare_workers"),
+    (
+        "base-unknown",
+        "models:\n  - {name: a, path: a, runtime: llama_cpp, base: b}\n",
+        "base names unknown model 'b'",
+    ),
+    ("base-not-llama", "models:\n  - {name: a, path: a, base: b}\n", "needs runtime llama_cpp"),
+    ("base-itself", "models:\n  - {name: a, path: a, runtime: llama_cpp, base: a}\n", "own base"),
+    (
+        "base-an-adapter",
+        "models:\n  - {name: a, path: a, runtime: llama_cpp}\n"
+        "  - {name: b, path: b, runtime: llama_cpp, base: a}\n"
+        "  - {name: c, path: c, runtime: llama_cpp, base: b}\n",
+        "not itself an adapter",
+    ),
 ]
 
 
