@@ -49,6 +49,12 @@ class GenerationConfig(BaseModel):
     queue. The KV cache holds ``n_ctx`` tokens for each."""
     n_batch: PositiveInt = 512
     """Prompt tokens evaluated per llama.cpp decode call."""
+    weights: Literal["mapped", "repacked"] = "mapped"
+    """How llama.cpp holds the weights. ``mapped`` (the default): read from the
+    memory-mapped file, shared with every worker that maps it and charged once; loads in
+    a fraction of the time. ``repacked``: llama.cpp's extra weight buffers (AMX or
+    repacked quantized layouts), a private copy per worker charged as such, for faster
+    kernels where the CPU has them (docs/decisions/0035-large-generative-models.md)."""
     prefix_reuse: bool = True
     """Keep what each sequence slot evaluated after its request ends, and start a later
     prompt that begins with the same tokens from there (llama.cpp; the KV cache it lives

@@ -132,7 +132,8 @@ class Admission:
         host's part is charged apart, see ``manager/offload.py``)."""
         cfg = record.config
         if cfg.runtime == "llama_cpp":
-            if (device or record.device).startswith("cuda:"):
+            # On a GPU, or repacked: the worker's own copies, charged as private bytes.
+            if (device or record.device).startswith("cuda:") or cfg.generation.weights != "mapped":
                 return []
             try:
                 return [MappedFile.of(model_gguf(record))]

@@ -58,22 +58,26 @@ class GgufEstimate:
     n_ctx: int
     parallel: int
     dims: LlamaDims
+    weight_copy_bytes: int = 0
+    """Weights copied into the worker's own buffers (``weights: repacked``): the file's
+    size, charged as private memory instead of as a shared mapped file."""
 
     @property
     def private_bytes(self) -> int:
-        """What the worker itself holds (the file is charged apart, once per file)."""
-        return self.kv_cache_bytes + self.compute_bytes
+        """What the worker itself holds (a mapped file is charged apart, once per file)."""
+        return self.kv_cache_bytes + self.compute_bytes + self.weight_copy_bytes
 
     @property
     def total_bytes(self) -> int:
         """Weights plus private memory."""
-        return self.file_bytes + self.private_bytes
+        return (0 if self.weight_copy_bytes else self.file_bytes) + self.private_bytes
 
     def arithmetic(self) -> str:
         """The sum in words, for refusals and logs."""
         d = self.dims
+        held = "a repacked copy" if self.weight_copy_bytes else "the file, mapped"
         return (
-            f"weights {self.file_bytes / _MIB:.1f} MiB (the file, mapped) + KV cache "
+            f"weights {self.file_bytes / _MIB:.1f} MiB ({held}) + KV cache "
             f"{self.kv_cache_bytes / _MIB:.1f} MiB (n_ctx {self.n_ctx} x parallel "
             f"{self.parallel} x {d.layers} layers x {d.kv_heads} KV heads x "
             f"{d.head_dim_k}+{d.head_dim_v} head size (K+V) x {KV_ELEMENT_BYTES} bytes) + "
@@ -128,6 +132,7 @@ def estimate_gguf(path: Path, config: GenerationConfig) -> GgufEstimate:
         n_ctx=n_ctx,
         parallel=config.parallel,
         dims=dims,
+        weight_copy_bytes=file_bytes if config.weights == "repacked" else 0,
     )
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 from modelyard.runtimes.base import RuntimeSpec, find_model_file
 
+MAPPED, REPACKED = "mapped", "repacked"
+"""The two ways llama.cpp holds a model's weights (the ``weights`` option)."""
 BASE_MODEL_OPTION = "base_model"
 """The runtime option naming an adapter's base GGUF file (set by the server, from the
 config's ``base``); the model's own folder then holds the adapter."""
@@ -48,3 +50,11 @@ def mapped_gguf(spec: RuntimeSpec) -> Path:
     """The GGUF file a ``llama_cpp`` worker maps: its own, or an adapter's base."""
     own = find_model_file(Path(spec.version_dir), (".gguf",), spec.model_file)
     return adapter_and_model(spec, own)[1]
+
+
+def weights_option(spec: RuntimeSpec) -> str:
+    """``mapped`` (the default) or ``repacked`` from the ``weights`` option."""
+    value = spec.options.get("weights") or MAPPED
+    if value not in (MAPPED, REPACKED):
+        raise ValueError(f"option 'weights' must be {MAPPED!r} or {REPACKED!r}, not {value!r}")
+    return value

@@ -34,7 +34,12 @@ from modelyard.runtimes.generation import (
     int_option,
 )
 from modelyard.runtimes.generation_thread import GenerationThread
-from modelyard.runtimes.llama_backend import adapter_and_model, init_backend
+from modelyard.runtimes.llama_backend import (
+    REPACKED,
+    adapter_and_model,
+    init_backend,
+    weights_option,
+)
 from modelyard.runtimes.llama_dims import model_dims
 from modelyard.runtimes.prompt_prefix import SlotPrefixes
 from modelyard.runtimes.textstream import TextStream
@@ -134,7 +139,8 @@ class LlamaCppRuntime(GenerationThread):
         mparams.n_gpu_layers = int_option(spec, "n_gpu_layers", 0)
         mparams.use_mmap = True
         mparams.use_mlock = False
-        mparams.use_extra_bufts = False
+        # "repacked": llama.cpp's extra weight buffers (faster kernels, private copies).
+        mparams.use_extra_bufts = weights_option(spec) == REPACKED
         self._model = llama.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise ValueError(f"llama.cpp could not load {path}")
