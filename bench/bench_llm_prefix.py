@@ -126,15 +126,76 @@ def part_a(args: Any, clients: dict[str, Any], tokenizer: Any) -> dict[str, Any]
     }
 
 
-def part_b(args: Any, clients: dict[str, Any], bare: Any) -> dict[str, Any]:
+class InProcess:
+    """modelyard's runtime in this process (no server, no worker hop): the layer under the
+    HTTP path, for the breakdown of a first token's time."""
+
+    def __init__(self, path: Path) -> None:
+        import threading
+
+        from modelyard.runtimes.base import RuntimeSpec
+        from modelyard.runtimes.llama_cpp import LlamaCppRuntime
+
+        self.runtime = LlamaCppRuntime()
+        options = {"n_ctx": str(N_CTX), "n_threads": str(THREADS)}
+        self.runtime.load(RuntimeSpec("llama_cpp", str(path.parent), "llm", options=options))
+        self.first = threading.Event()
+        self.done = threading.Event()
+        self.first_at = 0.0
+        self.runtime.start(self)
+        self.seq = 0
+
+    def chunk(self, seq: int, text: str, ids: list[int], finish: str | None, *_: int) -> None:
+        """The sink: the first text's time, and the end."""
+        if text and not self.first.is_set():
+            self.first_at = time.perf_counter()
+            self.first.set()
+        if finish is not None:
+            self.done.set()
+
+    def failed(self, seq: int, code: str, message: str) -> None:
+        """The sink: a failure ends the run."""
+        raise SystemExit(message)
+
+    def ttft(self, prompt: str, max_tokens: int) -> float:
+        """Submit to first text, seconds."""
+        from modelyard.runtimes.generation import GenerationJob
+
+        self.seq += 1
+        self.first.clear()
+        self.done.clear()
+        started = time.perf_counter()
+        job = GenerationJob(self.seq, prompt, None, max_tokens, 0.0, 1.0, 0, None, ())
+        self.runtime.submit(job)
+        self.done.wait()
+        return self.first_at - started
+
+
+def raw_ttft(url: str, prompt: str, max_tokens: int) -> float:
+    """One streamed completion over plain httpx (no openai client): TTFT seconds."""
+    import httpx
+
+    body = {"model": "llm", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    started = time.perf_counter()
+    ttft = None
+    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if ttft is None and line.startswith("data: {") and '"text":""' not in line:
+                ttft = time.perf_counter() - started
+    return ttft if ttft is not None else time.perf_counter() - started
+
+
+def part_b(args: Any, clients: dict[str, Any], bare: Any, extra: dict[str, Any]) -> dict[str, Any]:
     """TTFT of one prompt repeated at one stream, per system, rounds interleaved."""
     prompt = bench_llm.PROMPT
-    systems = ["bare", "modelyard", "llama_cpp.server"]
+    systems = [*clients, "bare", "modelyard runtime in-process", "modelyard, raw httpx"]
     ttfts: dict[str, list[float]] = {s: [] for s in systems}
+    clients = {**clients, **extra}
     for system in systems:  # the prompt cached everywhere first
         run_one(system, clients, bare, prompt, args.max_tokens)
     for r in range(args.rounds):
-        for system in systems[r % 3 :] + systems[: r % 3]:
+        k = r % len(systems)
+        for system in systems[k:] + systems[:k]:
             for _ in range(args.requests):
                 ttfts[system].append(run_one(system, clients, bare, prompt, args.max_tokens))
     return {
@@ -151,6 +212,10 @@ def run_one(system: str, clients: dict[str, Any], bare: Any, prompt: str, n: int
     """One request's TTFT on ``system``."""
     if system == "bare":
         return bare_ttft(bare, prompt, n)[0]
+    if system == "modelyard runtime in-process":
+        return float(clients["_runtime"].ttft(prompt, n))
+    if system == "modelyard, raw httpx":
+        return raw_ttft(str(clients["_url"]), prompt, n)
     return openai_ttft(clients[system], "llm", prompt, n)[0]
 
 
@@ -239,7 +304,8 @@ def main() -> None:
             for name in ("llm", "llm-full"):  # loaded and warm
                 openai_ttft(clients["modelyard"], name, "Hello", 2)
             a = part_a(args, clients, tokenizer) if args.only in (None, "a") else None
-            b = part_b(args, clients, bare) if args.only in (None, "b") else None
+            extra = {"_runtime": InProcess(path), "_url": ours.url}
+            b = part_b(args, clients, bare, extra) if args.only in (None, "b") else None
     payload = {"environment": _server.environment(), "args": vars(args), "a": a, "b": b}
     out = _server.write_results("llm_prefix", payload)
     print(report(a, b))
