@@ -208,12 +208,15 @@ def switch(args: Any) -> dict[str, Any]:
                 ttft[name].append(one_token_s(server, name))
                 warm[name].append(one_token_s(server, name))
                 print(name, ttft[name][-1], warm[name][-1], flush=True)
-    bare = {n: [bare_load_s(p) for _ in range(args.rounds)] for n, p in files.items()}
+    rounds = range(args.rounds)
+    bare = {n: [bare_load_s(p) for _ in rounds] for n, p in files.items()}
+    mapped = {n: [bare_load_s(p, mapped=True) for _ in rounds] for n, p in files.items()}
     return {
         n: {
             "switch_s": statistics.median(t - w for t, w in zip(ttft[n], warm[n], strict=True)),
             "warm_ttft_s": statistics.median(warm[n]),
             "bare_load_s": statistics.median(bare[n]),
+            "bare_mapped_load_s": statistics.median(mapped[n]),
         }
         for n in files
     }
@@ -228,13 +231,22 @@ def one_token_s(server: _server.Server, model: str) -> float:
     return time.perf_counter() - started
 
 
-def bare_load_s(path: Path) -> float:
-    """``Llama(model_path=…)`` in a fresh process: seconds to load (its defaults)."""
+def bare_load_s(path: Path, *, mapped: bool = False) -> float:
+    """``Llama(model_path=…)`` in a fresh process: seconds to load (its defaults, which
+    repack); ``mapped``: the low-level load without extra buffers, and a context."""
     code = (
         "import time, llama_cpp; t = time.perf_counter(); "
         f"llama_cpp.Llama(model_path={str(path)!r}, n_ctx={N_CTX}, verbose=False); "
         "print(time.perf_counter() - t)"
     )
+    if mapped:
+        code = (
+            "import time, llama_cpp as ll; ll.llama_backend_init(); t = time.perf_counter(); "
+            "p = ll.llama_model_default_params(); p.use_extra_bufts = False; "
+            f"m = ll.llama_model_load_from_file({str(path)!r}.encode(), p); "
+            f"c = ll.llama_context_default_params(); c.n_ctx = {N_CTX}; "
+            "ll.llama_init_from_model(m, c); print(time.perf_counter() - t)"
+        )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     return float(out.stdout.strip().splitlines()[-1])
 
