@@ -202,10 +202,13 @@ def switch(args: Any) -> dict[str, Any]:
     cfg = _server.write_config(root, models, budget_mb=budget_mb)
     ttft: dict[str, list[float]] = {n: [] for n in files}
     warm: dict[str, list[float]] = {n: [] for n in files}
+    loads: dict[str, list[float]] = {n: [] for n in files}
     with _server.Server(cfg, root / "server.log") as server:
         for _ in range(args.rounds):
             for name in files:
                 ttft[name].append(one_token_s(server, name))
+                # The server's own account of the load (worker start, runtime load).
+                loads[name].append(server.model_stats(name)["last_load"]["total_s"])
                 warm[name].append(one_token_s(server, name))
                 print(name, ttft[name][-1], warm[name][-1], flush=True)
     rounds = range(args.rounds)
@@ -215,6 +218,8 @@ def switch(args: Any) -> dict[str, Any]:
         n: {
             "switch_s": statistics.median(t - w for t, w in zip(ttft[n], warm[n], strict=True)),
             "warm_ttft_s": statistics.median(warm[n]),
+            "load_s": statistics.median(loads[n]),
+            "switch_ttft_s": statistics.median(ttft[n]),
             "bare_load_s": statistics.median(bare[n]),
             "bare_mapped_load_s": statistics.median(mapped[n]),
         }
