@@ -162,6 +162,9 @@ class LlamaCppRuntime(GenerationThread):
         # Each sequence its own n_ctx; a prefix is reused within a slot (prompt_prefix.py).
         cparams.kv_unified = False
         cparams.no_perf = True
+        # On the CPU, flash attention made a short prompt over a 1,000-token cached prefix
+        # 2.8x slower and a full prompt 15% slower (bench_llm_prefix.py); GPUs keep auto.
+        cparams.flash_attn_type = -1 if mparams.n_gpu_layers else 0  # auto : disabled
         self._ctx = llama.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             raise ValueError(
