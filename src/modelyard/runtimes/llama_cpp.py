@@ -8,9 +8,9 @@ once. One thread, not a thread pool: llama.cpp decodes about four times slower w
 token comes from another thread.
 
 The weights are memory-mapped (replicas and versions of one file share the page cache,
-and the budget charges the file once), and llama.cpp's extra weight buffers
-(``use_extra_bufts``, which copy F16 weights for AMX kernels) are off: they double the
-resident memory and slow warm loads many times over. llama-cpp-python 0.3.36 does not
+and the budget charges the file once); llama.cpp's extra weight buffers (AMX / repacked
+copies) are off unless ``weights: repacked``: they double the resident memory and slow
+warm loads many times over (docs/decisions/0035). llama-cpp-python 0.3.36 does not
 expose that flag as a keyword, so the model is loaded through the low-level API.
 """
 
