@@ -95,8 +95,10 @@ def run_modelyard(path: Path, threads: int, tokens: int, serial: int) -> dict[st
 
     from modelyard.runtimes.base import RuntimeSpec
     from modelyard.runtimes.generation import GenerationJob
-    from modelyard.runtimes.llama_cpp import LlamaCppRuntime
+    from modelyard.runtimes.llama_cpp import LlamaCppRuntime, prepare_fork_server
 
+    # What the fork server does before any worker (the bare runs import it untimed too).
+    prepare_fork_server()
     stamps: list[float] = []
     done = threading.Event()
 
