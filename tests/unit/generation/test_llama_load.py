@@ -96,3 +96,13 @@ def test_the_load_reads_the_dimensions_from_llama_cpp_not_the_header(
         assert stats.kv_cache_bytes == from_header.context_length * from_header.kv_bytes_per_token()
     finally:
         runtime.close()
+
+
+def test_an_unknown_weights_choice_is_refused(gguf_folder: Path) -> None:
+    runtime = llama_runtime.LlamaCppRuntime()
+    opts = {"n_ctx": "128", "n_threads": "1", "weights": "copied"}
+    try:
+        with pytest.raises(ValueError, match="'weights' must be"):
+            runtime.load(RuntimeSpec("llama_cpp", str(gguf_folder), "m", options=opts))
+    finally:
+        runtime.close()

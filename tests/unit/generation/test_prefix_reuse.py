@@ -114,13 +114,3 @@ def test_an_unreadable_prefix_reuse_option_is_refused(gguf_folder: Path) -> None
             runtime.load(RuntimeSpec("llama_cpp", str(gguf_folder), "m", options=opts))
     finally:
         runtime.close()
-
-
-def test_an_unknown_weights_choice_is_refused(gguf_folder: Path) -> None:
-    runtime = LlamaCppRuntime()
-    opts = {"n_ctx": "128", "n_threads": "1", "weights": "copied"}
-    try:
-        with pytest.raises(ValueError, match="'weights' must be"):
-            runtime.load(RuntimeSpec("llama_cpp", str(gguf_folder), "m", options=opts))
-    finally:
-        runtime.close()
