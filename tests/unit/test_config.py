@@ -24,6 +24,20 @@ BAD = [
     # used to move every relative path there.
     ("internal-config-dir", "config_dir: /etc\n", "'config_dir' cannot be set in the file"),
     ("internal-config-file", "config_file: x.yaml\n", "'config_file' cannot be set"),
+    (
+        "base-unknown",
+        "models:\n  - {name: a, path: a, runtime: llama_cpp, base: b}\n",
+        "base names unknown model 'b'",
+    ),
+    ("base-not-llama", "models:\n  - {name: a, path: a, base: b}\n", "needs runtime llama_cpp"),
+    ("base-itself", "models:\n  - {name: a, path: a, runtime: llama_cpp, base: a}\n", "own base"),
+    (
+        "base-an-adapter",
+        "models:\n  - {name: a, path: a, runtime: llama_cpp}\n"
+        "  - {name: b, path: b, runtime: llama_cpp, base: a}\n"
+        "  - {name: c, path: c, runtime: llama_cpp, base: b}\n",
+        "not itself an adapter",
+    ),
 ]
 
 

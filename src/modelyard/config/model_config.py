@@ -49,6 +49,16 @@ class GenerationConfig(BaseModel):
     queue. The KV cache holds ``n_ctx`` tokens for each."""
     n_batch: PositiveInt = 512
     """Prompt tokens evaluated per llama.cpp decode call."""
+    weights: Literal["mapped", "repacked"] = "mapped"
+    """How llama.cpp holds the weights. ``mapped`` (the default): read from the
+    memory-mapped file, shared with every worker that maps it and charged once; loads in
+    a fraction of the time. ``repacked``: llama.cpp's extra weight buffers (AMX or
+    repacked quantized layouts), a private copy per worker charged as such, for faster
+    kernels where the CPU has them (docs/decisions/0035-large-generative-models.md)."""
+    prefix_reuse: bool = True
+    """Keep what each sequence slot evaluated after its request ends, and start a later
+    prompt that begins with the same tokens from there (llama.cpp; the KV cache it lives
+    in is already budgeted). Off: every prompt is evaluated in full."""
     brownout_max_tokens: PositiveInt | None = None
     """Under overload, each newly admitted request's ``max_tokens`` is capped at this and
     its answer is marked (see :mod:`modelyard.scheduling.brownout`); None: brownout off."""
@@ -227,6 +237,12 @@ class ModelConfig(BaseModel):
     """Sample inputs for warm-up (nested lists by input name); default: generated."""
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     """Context, threads, offload and parallel sequences of a generative model."""
+    base: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    """A LoRA adapter over another model (``runtime: llama_cpp``): the name of the model
+    whose GGUF file it applies to; this model's own folder holds the adapter (a GGUF LoRA
+    file, as llama.cpp's ``convert_lora_to_gguf.py`` writes it). The base's file is
+    mapped, shared and charged once however many adapters and the base itself use it;
+    each adapter's bytes, KV cache and buffers are its own."""
 
     @property
     def is_generative(self) -> bool:
@@ -247,22 +263,30 @@ class ModelConfig(BaseModel):
         if self.is_generative and self.isolation != "process":
             raise ValueError(f"runtime {self.runtime!r} runs in a worker process only")
         if isinstance(self.devices, list):
-            if not self.devices:
-                raise ValueError("'devices' must name at least one device (or be 'auto')")
-            for name in self.devices:
-                if not re.match(DEVICE_NAME_PATTERN, name):
-                    raise ValueError(f"'devices': {name!r} is not a device name")
-            if len(set(self.devices)) != len(self.devices):
-                raise ValueError("'devices' names a device twice")
-            if "device" in self.model_fields_set and [self.device] != self.devices:
-                raise ValueError("set 'device' or 'devices', not both")
+            self._check_devices(self.devices)
         if any(slo <= 0 for slo in self.latency_slo_by_priority_s.values()):
             raise ValueError("latency_slo_by_priority_s objectives must be > 0 seconds")
+        if self.base is not None:
+            if self.runtime != "llama_cpp":
+                raise ValueError("'base' (a LoRA adapter over a model) needs runtime llama_cpp")
+            if self.base == self.name:
+                raise ValueError(f"model {self.name!r} cannot be its own base")
         if self.name in self.fallback:
             raise ValueError(f"model {self.name!r} cannot be its own fallback")
         if len(set(self.fallback)) != len(self.fallback):
             raise ValueError(f"fallback of {self.name!r} names a model twice: {self.fallback}")
         return self
+
+    def _check_devices(self, devices: list[str]) -> None:
+        if not devices:
+            raise ValueError("'devices' must name at least one device (or be 'auto')")
+        for name in devices:
+            if not re.match(DEVICE_NAME_PATTERN, name):
+                raise ValueError(f"'devices': {name!r} is not a device name")
+        if len(set(devices)) != len(devices):
+            raise ValueError("'devices' names a device twice")
+        if "device" in self.model_fields_set and [self.device] != devices:
+            raise ValueError("set 'device' or 'devices', not both")
 
     @property
     def allowed_devices(self) -> list[str] | None:

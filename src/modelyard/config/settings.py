@@ -240,6 +240,8 @@ class ServerSettings(BaseSettings):
             for name in m.allowed_devices or ():
                 if name not in devices:
                     raise ValueError(f"model {m.name!r} names unknown device {name!r}")
+            if m.base is not None:
+                check_base(m, self.models)
             unknown = [name for name in m.fallback if name not in names]
             if unknown:
                 raise ValueError(
@@ -444,3 +446,15 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
         raise ConfigError(_settings_error(exc, os.environ)) from exc
     finally:
         _FILE_DATA.reset(token)
+
+
+def check_base(model: ModelConfig, models: list[ModelConfig]) -> None:
+    """ValueError unless ``model.base`` names a ``llama_cpp`` model that is no adapter."""
+    base = next((m for m in models if m.name == model.base), None)
+    if base is None:
+        raise ValueError(f"model {model.name!r}: base names unknown model {model.base!r}")
+    if base.runtime != "llama_cpp" or base.base is not None:
+        raise ValueError(
+            f"model {model.name!r}: base {model.base!r} must be a llama_cpp model "
+            "that is not itself an adapter"
+        )

@@ -30,11 +30,10 @@ from modelyard.manager.eviction import (
     top_scale,
 )
 from modelyard.manager.hot_set import awaited, hot_set, just_loaded, wait_to_spare_hottest
-from modelyard.manager.llm_memory import gguf_estimate
+from modelyard.manager.llm_memory import gguf_estimate, model_gguf
 from modelyard.manager.records import Holder, ModelRecord, Replica, ReplicaState
 from modelyard.manager.states import RESIDENT, ModelState
 from modelyard.repository.layout import dir_size_bytes
-from modelyard.runtimes.base import find_model_file
 from modelyard.workers.footprint import MappedFile, weight_files
 
 _MIB = 1024 * 1024
@@ -142,10 +141,11 @@ class Admission:
         host's part is charged apart, see ``manager/offload.py``)."""
         cfg = record.config
         if cfg.runtime == "llama_cpp":
-            if (device or record.device).startswith("cuda:"):
+            # On a GPU, or repacked: the worker's own copies, charged as private bytes.
+            if (device or record.device).startswith("cuda:") or cfg.generation.weights != "mapped":
                 return []
             try:
-                return [MappedFile.of(find_model_file(record.path, (".gguf",), record.model_file))]
+                return [MappedFile.of(model_gguf(record))]
             except OSError:
                 return []
         if not (cfg.share_weights and cfg.runtime == "onnx"):

@@ -20,7 +20,7 @@ worker's own, not the page cache); what stays is read from the mapped file on th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from modelyard.config.model_config import GenerationConfig
@@ -58,22 +58,26 @@ class GgufEstimate:
     n_ctx: int
     parallel: int
     dims: LlamaDims
+    weight_copy_bytes: int = 0
+    """Weights copied into the worker's own buffers (``weights: repacked``): the file's
+    size, charged as private memory instead of as a shared mapped file."""
 
     @property
     def private_bytes(self) -> int:
-        """What the worker itself holds (the file is charged apart, once per file)."""
-        return self.kv_cache_bytes + self.compute_bytes
+        """What the worker itself holds (a mapped file is charged apart, once per file)."""
+        return self.kv_cache_bytes + self.compute_bytes + self.weight_copy_bytes
 
     @property
     def total_bytes(self) -> int:
         """Weights plus private memory."""
-        return self.file_bytes + self.private_bytes
+        return (0 if self.weight_copy_bytes else self.file_bytes) + self.private_bytes
 
     def arithmetic(self) -> str:
         """The sum in words, for refusals and logs."""
         d = self.dims
+        held = "a repacked copy" if self.weight_copy_bytes else "the file, mapped"
         return (
-            f"weights {self.file_bytes / _MIB:.1f} MiB (the file, mapped) + KV cache "
+            f"weights {self.file_bytes / _MIB:.1f} MiB ({held}) + KV cache "
             f"{self.kv_cache_bytes / _MIB:.1f} MiB (n_ctx {self.n_ctx} x parallel "
             f"{self.parallel} x {d.layers} layers x {d.kv_heads} KV heads x "
             f"{d.head_dim_k}+{d.head_dim_v} head size (K+V) x {KV_ELEMENT_BYTES} bytes) + "
@@ -128,7 +132,28 @@ def estimate_gguf(path: Path, config: GenerationConfig) -> GgufEstimate:
         n_ctx=n_ctx,
         parallel=config.parallel,
         dims=dims,
+        weight_copy_bytes=file_bytes if config.weights == "repacked" else 0,
     )
+
+
+def model_gguf(record: ModelRecord) -> Path:
+    """The GGUF file ``record``'s worker maps: its own, or an adapter's base file (OSError
+    when there is none, or an adapter's base is not resolved yet)."""
+    if record.config.base is not None:
+        if record.base_file is None:
+            raise FileNotFoundError(f"the base of {record.key} is not resolved")
+        return record.base_file
+    return find_model_file(record.path, (".gguf",), record.model_file)
+
+
+def adapter_bytes(record: ModelRecord) -> int:
+    """The size of an adapter's own GGUF file (read into the worker's memory), else 0."""
+    if record.config.base is None:
+        return 0
+    try:
+        return find_model_file(record.path, (".gguf",), record.model_file).stat().st_size
+    except OSError:
+        return 0
 
 
 def context_length_of(record: ModelRecord) -> int | None:
@@ -138,22 +163,25 @@ def context_length_of(record: ModelRecord) -> int | None:
     if cfg.runtime != "llama_cpp":
         return cfg.generation.n_ctx
     try:
-        path = find_model_file(record.path, (".gguf",), record.model_file)
-        return context_tokens(header_dims(path)[0], cfg.generation)
+        return context_tokens(header_dims(model_gguf(record))[0], cfg.generation)
     except (OSError, GGUFError):
         return cfg.generation.n_ctx
 
 
 def gguf_estimate(record: ModelRecord) -> GgufEstimate | None:
     """The header-based estimate of a ``llama_cpp`` model (None for other runtimes, or
-    when the file cannot be read: the load then fails with the reason)."""
+    when the file cannot be read: the load then fails with the reason). An adapter's is
+    its base's, plus the adapter's own bytes in its private part."""
     if record.config.runtime != "llama_cpp":
         return None
     try:
-        path = find_model_file(record.path, (".gguf",), record.model_file)
-        return estimate_gguf(path, record.config.generation)
+        estimate = estimate_gguf(model_gguf(record), record.config.generation)
     except (OSError, GGUFError):
         return None
+    adapter = adapter_bytes(record)
+    if adapter:
+        estimate = replace(estimate, compute_bytes=estimate.compute_bytes + adapter)
+    return estimate
 
 
 @dataclass(frozen=True, slots=True)

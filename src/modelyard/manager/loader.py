@@ -217,6 +217,12 @@ class Loader:
             while record.state in (ModelState.DRAINING, ModelState.UNLOADING):
                 async with self._admission.changed:
                     await self._admission.changed.wait()
+            if record.config.base is not None:  # a LoRA adapter: its base's file now
+                try:
+                    record.base_file = self._registry.base_file(record.config.base)
+                except ServerError as exc:
+                    self.fail(record, str(exc), "load_failed")
+                    return
             t0 = self._clock.monotonic()
             deadline = t0 + record.config.load_timeout_s
             if not await self._verify(record):

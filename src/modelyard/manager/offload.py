@@ -34,11 +34,11 @@ from modelyard.manager.llm_memory import (
     GPU_WORKER_BYTES,
     LayerSplit,
     gguf_estimate,
+    model_gguf,
     split_layers,
 )
 from modelyard.manager.records import Holder, ModelRecord
 from modelyard.repository.gguf import GGUFError
-from modelyard.runtimes.base import find_model_file
 
 __all__ = ["HOST_DEVICE", "OffloadPlan", "Offloader"]
 
@@ -96,8 +96,7 @@ class Offloader:
     def split(self, record: ModelRecord) -> LayerSplit | None:
         """The model's memory layer by layer (None when its header cannot be read)."""
         try:
-            path = find_model_file(record.path, (".gguf",), record.model_file)
-            return split_layers(path, record.config.generation, GPU_WORKER_BYTES)
+            return split_layers(model_gguf(record), record.config.generation, GPU_WORKER_BYTES)
         except (OSError, GGUFError):
             return None
 

@@ -183,6 +183,8 @@ class ModelRecord:
     state_since: float = field(default_factory=time.monotonic)
     model_file: str = ""
     """The one file to load in ``path`` when the config's ``path`` names a file."""
+    base_file: Path | None = None
+    """A LoRA adapter's base GGUF file (the config's ``base``), resolved at each load."""
     backoff: LoadBackoff = field(default_factory=LoadBackoff)
     """When requests may retry a failed load."""
     device: str = ""

@@ -11,6 +11,7 @@ import difflib
 import logging
 import random
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,7 +19,12 @@ from pydantic import ValidationError
 from modelyard.clock import Clock
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import ServerSettings
-from modelyard.errors import InvalidInputError, ModelNotFoundError, ModelStateConflictError
+from modelyard.errors import (
+    InvalidInputError,
+    ModelLoadError,
+    ModelNotFoundError,
+    ModelStateConflictError,
+)
 from modelyard.manager.events import EventLog
 from modelyard.manager.records import (
     DEFAULT_ALIAS,
@@ -39,6 +45,7 @@ from modelyard.protocol.names import check_model_name
 from modelyard.repository.layout import missing_versions_reason, served_versions
 from modelyard.repository.runtime_guess import UnsupportedModelFormatError, guess_runtime
 from modelyard.repository.version_labels import is_version_label, newest_version, sort_versions
+from modelyard.runtimes.base import find_model_file
 
 log = logging.getLogger("modelyard.manager")
 
@@ -263,6 +270,15 @@ class ModelRegistry:
                 f"model {name!r} has no version {version!r} "
                 f"(served versions: {known}; aliases: {aliases})"
             ) from None
+
+    def base_file(self, name: str) -> Path:
+        """The GGUF file of model ``name``'s default version, the base an adapter applies
+        to (ModelNotFoundError or ModelLoadError when there is none)."""
+        base = self.resolve(name, None)
+        try:
+            return find_model_file(base.path, (".gguf",), base.model_file)
+        except OSError as exc:
+            raise ModelLoadError(f"the base model {name!r} has no GGUF file: {exc}") from None
 
     def record_for(self, name: str, version: str) -> ModelRecord:
         """The record of a version on disk, created if the policy did not list it."""

@@ -80,6 +80,9 @@ class GenerationStats:
     kv_cache_bytes: int
     context_length: int
     parallel: int
+    reused_prompt_tokens: int = 0
+    """Prompt tokens found in the KV cache (a prefix already evaluated), not evaluated
+    again; counted in ``prompt_tokens`` too."""
 
 
 class GenerationSink(Protocol):
@@ -151,6 +154,19 @@ def int_option(spec: RuntimeSpec, name: str, default: int) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"option {name!r} must be an integer, not {value!r}") from None
+
+
+def bool_option(spec: RuntimeSpec, name: str, default: bool) -> bool:
+    """A yes/no model setting from ``spec.options`` (``True``/``False``, ``1``/``0``)."""
+    value = spec.options.get(name)
+    if value is None or value == "":
+        return default
+    text = value.strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ValueError(f"option {name!r} must be true or false, not {value!r}")
 
 
 def check_context(prompt_tokens: int, max_tokens: int | None, context_length: int) -> None:

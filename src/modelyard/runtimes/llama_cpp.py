@@ -8,9 +8,9 @@ once. One thread, not a thread pool: llama.cpp decodes about four times slower w
 token comes from another thread.
 
 The weights are memory-mapped (replicas and versions of one file share the page cache,
-and the budget charges the file once), and llama.cpp's extra weight buffers
-(``use_extra_bufts``, which copy F16 weights for AMX kernels) are off: they double the
-resident memory and slow warm loads many times over. llama-cpp-python 0.3.36 does not
+and the budget charges the file once); llama.cpp's extra weight buffers (AMX / repacked
+copies) are off unless ``weights: repacked``: they double the resident memory and slow
+warm loads many times over (docs/decisions/0035). llama-cpp-python 0.3.36 does not
 expose that flag as a keyword, so the model is loaded through the low-level API.
 """
 
@@ -29,40 +29,26 @@ from modelyard.runtimes.chat_template import chat_messages, compile_chat_templat
 from modelyard.runtimes.generation import (
     GenerationJob,
     GenerationStats,
+    bool_option,
     check_context,
     int_option,
 )
 from modelyard.runtimes.generation_thread import GenerationThread
+from modelyard.runtimes.llama_backend import (
+    REPACKED,
+    adapter_and_model,
+    init_backend,
+    weights_option,
+)
 from modelyard.runtimes.llama_dims import model_dims
 from modelyard.runtimes.llama_sampling import Sampling, detokenize_answer, tokenize_answer
+from modelyard.runtimes.prompt_prefix import SlotPrefixes
 from modelyard.runtimes.textstream import TextStream
 
 DEFAULT_MAX_CONTEXT = 4096
 """The context a model gets without ``n_ctx``: its trained length, at most this."""
 KV_ELEMENT_BYTES = 2
 """llama.cpp's KV cache holds F16 keys and values by default."""
-
-_backend_ready = False
-_log_callback: Any = None
-
-
-def _init_backend(llama: Any) -> None:
-    global _backend_ready, _log_callback
-    if _backend_ready:
-        return
-
-    # llama.cpp logs every tensor at load; keep its errors only (on the worker's stderr).
-    @llama.llama_log_callback  # type: ignore[untyped-decorator]
-    def log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-        if level == 3:  # GGML_LOG_LEVEL_ERROR
-            import sys
-
-            sys.stderr.write(text.decode("utf-8", errors="replace"))
-
-    _log_callback = log  # a ctypes callback must outlive its registration
-    llama.llama_log_set(log, ctypes.c_void_p(0))
-    llama.llama_backend_init()
-    _backend_ready = True
 
 
 def prepare_fork_server() -> None:
@@ -74,7 +60,7 @@ def prepare_fork_server() -> None:
     """
     import llama_cpp
 
-    _init_backend(llama_cpp)
+    init_backend(llama_cpp)
     # jinja2 builds its lexer (a dozen regular expressions) per environment settings on
     # first use; building it here saves each worker 3-4 ms of its chat template's compile.
     compile_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
@@ -95,6 +81,8 @@ class _Sequence:
     """Tokens in this sequence's KV cache."""
     last: int = -1
     """The token sampled last, evaluated in the next step."""
+    evaluated: list[int] = field(default_factory=list)
+    """Generated tokens in this sequence's KV cache (after the prompt's ``fed``)."""
     generated: int = 0
     logits_index: int = -1
     pending_ids: list[int] = field(default_factory=list)
@@ -114,6 +102,7 @@ class LlamaCppRuntime(GenerationThread):
         super().__init__()
         self._llama: Any = None
         self._model: Any = None
+        self._adapter: Any = None
         self._ctx: Any = None
         self._vocab: Any = None
         self._batch: Any = None
@@ -129,6 +118,8 @@ class LlamaCppRuntime(GenerationThread):
         self._active: dict[int, _Sequence] = {}
         self._generated = 0
         self._prompt_tokens = 0
+        self._reused_tokens = 0
+        self._prefixes = SlotPrefixes(1)
 
     # ------------------------------------------------------------------ load
 
@@ -142,8 +133,9 @@ class LlamaCppRuntime(GenerationThread):
         import llama_cpp
 
         llama = self._llama = llama_cpp
-        _init_backend(llama)
+        init_backend(llama)
         path = find_model_file(Path(spec.version_dir), (".gguf",), spec.model_file)
+        adapter, path = adapter_and_model(spec, path)
         self._parallel = parallel = max(1, int_option(spec, "parallel", 1))
         self._n_batch = max(parallel, int_option(spec, "n_batch", 512))
         threads = max(1, int_option(spec, "n_threads", 2))
@@ -152,10 +144,15 @@ class LlamaCppRuntime(GenerationThread):
         mparams.n_gpu_layers = int_option(spec, "n_gpu_layers", 0)
         mparams.use_mmap = True
         mparams.use_mlock = False
-        mparams.use_extra_bufts = False
+        # "repacked": llama.cpp's extra weight buffers (faster kernels, private copies).
+        mparams.use_extra_bufts = weights_option(spec) == REPACKED
         self._model = llama.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise ValueError(f"llama.cpp could not load {path}")
+        if adapter is not None:  # a LoRA adapter over the mapped base (its tensors read)
+            self._adapter = llama.llama_adapter_lora_init(self._model, str(adapter).encode())
+            if not self._adapter:
+                raise ValueError(f"llama.cpp could not load the LoRA adapter {adapter}")
         self._vocab = llama.llama_model_get_vocab(self._model)
         dims = model_dims(llama, self._model, path)
         n_ctx = int_option(spec, "n_ctx", 0) or min(dims.context_length, DEFAULT_MAX_CONTEXT)
@@ -167,16 +164,25 @@ class LlamaCppRuntime(GenerationThread):
         cparams.n_seq_max = parallel
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
-        cparams.kv_unified = False  # each sequence its own n_ctx, no shared prefix expected
+        # Each sequence its own n_ctx; a prefix is reused within a slot (prompt_prefix.py).
+        cparams.kv_unified = False
         cparams.no_perf = True
+        # On the CPU, flash attention made a short prompt over a 1,000-token cached prefix
+        # 2.8x slower and a full prompt 15% slower (bench_llm_prefix.py); GPUs keep auto.
+        cparams.flash_attn_type = -1 if mparams.n_gpu_layers else 0  # auto : disabled
         self._ctx = llama.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             raise ValueError(
                 f"llama.cpp could not create a context of {n_ctx} tokens x {parallel} sequences"
             )
+        if self._adapter:
+            adapters = (llama.llama_adapter_lora_p_ctypes * 1)(self._adapter)
+            if llama.llama_set_adapters_lora(self._ctx, adapters, 1, (ctypes.c_float * 1)(1.0)):
+                raise ValueError(f"llama.cpp could not apply the LoRA adapter {adapter}")
         self._n_ctx = llama.llama_n_ctx(self._ctx) // parallel
         self._kv_bytes = self._n_ctx * parallel * dims.kv_bytes_per_token(KV_ELEMENT_BYTES)
         self._batch = llama.llama_batch_init(self._n_batch, 0, 1)
+        self._prefixes = SlotPrefixes(parallel, enabled=bool_option(spec, "prefix_reuse", True))
         self._bos_text = self._piece(llama.llama_vocab_bos(self._vocab), special=True)
         self._eos_text = self._piece(llama.llama_vocab_eos(self._vocab), special=True)
         # The chat template is compiled when a chat request first needs it (2-3 ms on a
@@ -208,7 +214,8 @@ class LlamaCppRuntime(GenerationThread):
     # ------------------------------------------------------------------ jobs
 
     def stats(self) -> GenerationStats:
-        """Counters: tokens generated, prompt tokens, active jobs, KV-cache bytes."""
+        """Counters: tokens generated, prompt tokens (and those reused from the KV
+        cache), active jobs, KV-cache bytes."""
         return GenerationStats(
             generated_tokens=self._generated,
             prompt_tokens=self._prompt_tokens,
@@ -216,6 +223,7 @@ class LlamaCppRuntime(GenerationThread):
             kv_cache_bytes=self._kv_bytes,
             context_length=self._n_ctx,
             parallel=self._parallel,
+            reused_prompt_tokens=self._reused_tokens,
         )
 
     def close(self) -> None:
@@ -233,7 +241,7 @@ class LlamaCppRuntime(GenerationThread):
         if self._ctx:
             llama.llama_free(self._ctx)
             self._ctx = None
-        if self._model:
+        if self._model:  # its adapter with it
             llama.llama_model_free(self._model)
             self._model = None
 
@@ -259,7 +267,7 @@ class LlamaCppRuntime(GenerationThread):
                     self._step()
                 except Exception as exc:  # a decode failure fails the running jobs
                     for s in list(self._active.values()):
-                        self._end(s)
+                        self._end(s, clear=True)
                         self._fail(s.job.seq, InternalError(f"generation failed: {exc}"))
 
     def _drop_cancelled(self) -> None:
@@ -291,16 +299,24 @@ class LlamaCppRuntime(GenerationThread):
             except Exception as exc:  # the thread keeps serving the other jobs
                 self._fail(job.seq, InternalError(f"generation failed: {exc}"))
                 continue
-            slot = free.pop(0)
-            self._prompt_tokens += len(prompt)
             # A preempted job resumes: its earlier tokens are evaluated as prompt and
             # counted as generated (recompute, as vLLM resumes a preempted sequence).
+            tokens = prompt + list(job.resume_ids)
+            slot, reused = self._prefixes.choose(free, tokens)
+            free.remove(slot)
+            # The slot keeps the tokens' first ``reused``; the rest of its cache goes.
+            llama = self._llama
+            llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), slot, reused, -1)
+            self._prompt_tokens += len(prompt)
+            self._reused_tokens += reused
             self._active[slot] = _Sequence(
                 job,
                 slot,
-                prompt + list(job.resume_ids),
+                tokens,
                 sampler,
                 TextStream(job.stop),
+                fed=reused,
+                position=reused,
                 generated=len(job.resume_ids),
                 prompt_tokens=len(prompt),
             )
@@ -346,6 +362,7 @@ class LlamaCppRuntime(GenerationThread):
             elif room > 0:
                 s.logits_index = len(entries)
                 entries.append((s.last, s.position, s.slot, True))
+                s.evaluated.append(s.last)
                 s.position += 1
                 room -= 1
         if not entries:
@@ -401,9 +418,16 @@ class LlamaCppRuntime(GenerationThread):
         if self._sink is not None:
             self._sink.chunk(s.job.seq, text, ids, finish, s.prompt_tokens, s.generated, lps)
 
-    def _end(self, s: _Sequence) -> None:
+    def _end(self, s: _Sequence, *, clear: bool = False) -> None:
+        """Free the job's sampler and its slot; the slot's cache keeps what the job
+        evaluated, for a later prompt that starts the same (``clear``: after a failed
+        decode, whose cache content is unknown)."""
         llama = self._llama
-        llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), s.slot, -1, -1)
+        if clear:
+            llama.llama_memory_seq_rm(llama.llama_get_memory(self._ctx), s.slot, -1, -1)
+            self._prefixes.forget(s.slot)
+        else:
+            self._prefixes.keep(s.slot, s.prompt[: s.fed] + s.evaluated)
         s.sampler.free()
         self._active.pop(s.slot, None)
 

@@ -44,7 +44,8 @@ from modelyard.errors import (
 )
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.runtimes import GENERATIVE_KINDS
-from modelyard.runtimes.base import RuntimeSpec, find_model_file
+from modelyard.runtimes.base import RuntimeSpec
+from modelyard.runtimes.llama_backend import mapped_gguf
 from modelyard.runtimes.warmup import make_warmup_inputs
 from modelyard.workers.channel import LoopChannel, SharedRegion, socket_pair
 from modelyard.workers.exits import rebuild_error
@@ -414,7 +415,7 @@ class ProcessInstance(WorkerLink):
         def measure() -> tuple[MemorySample, int]:
             folder = Path(spec.version_dir)
             if gguf:
-                paths = [str(find_model_file(folder, (".gguf",), spec.model_file).resolve())]
+                paths = [str(mapped_gguf(spec).resolve())]
             else:
                 paths = [f.path for f in weight_files(folder)]
             return sample_with_mapped(pid, paths)

@@ -60,3 +60,13 @@ def test_not_a_gguf_file(tmp_path: Path) -> None:
 
 def test_example_sizes_are_declared() -> None:
     assert set(SHAPES) == {"tiny", "small", "medium"}
+
+
+def test_repacked_weights_are_a_private_copy(small_gguf: Path) -> None:
+    mapped = estimate_gguf(small_gguf, GenerationConfig(n_ctx=512))
+    repacked = estimate_gguf(small_gguf, GenerationConfig(n_ctx=512, weights="repacked"))
+    size = small_gguf.stat().st_size
+    # Mapped: the file is charged apart (once per file), not in the worker's own bytes.
+    assert repacked.private_bytes == mapped.private_bytes + size
+    assert repacked.total_bytes == mapped.total_bytes
+    assert "a repacked copy" in repacked.arithmetic()

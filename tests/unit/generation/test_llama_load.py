@@ -113,3 +113,13 @@ def test_a_resumed_job_continues_where_it_stopped(gguf_folder: Path) -> None:
         assert rest.completion_tokens == 12, "the resumed tokens count as generated"
     finally:
         runtime.close()
+
+
+def test_an_unknown_weights_choice_is_refused(gguf_folder: Path) -> None:
+    runtime = llama_runtime.LlamaCppRuntime()
+    opts = {"n_ctx": "128", "n_threads": "1", "weights": "copied"}
+    try:
+        with pytest.raises(ValueError, match="'weights' must be"):
+            runtime.load(RuntimeSpec("llama_cpp", str(gguf_folder), "m", options=opts))
+    finally:
+        runtime.close()

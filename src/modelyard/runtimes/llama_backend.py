@@ -1,0 +1,60 @@
+"""llama.cpp's process-wide start (its log callback, its backend) and which files a
+worker's model is: the GGUF it maps, and the LoRA adapter applied over it, if any."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any
+
+from modelyard.runtimes.base import RuntimeSpec, find_model_file
+
+MAPPED, REPACKED = "mapped", "repacked"
+"""The two ways llama.cpp holds a model's weights (the ``weights`` option)."""
+BASE_MODEL_OPTION = "base_model"
+"""The runtime option naming an adapter's base GGUF file (set by the server, from the
+config's ``base``); the model's own folder then holds the adapter."""
+
+_backend_ready = False
+_log_callback: Any = None
+
+
+def init_backend(llama: Any) -> None:
+    """Route llama.cpp's log to stderr (errors only) and start its backend, once per process."""
+    global _backend_ready, _log_callback
+    if _backend_ready:
+        return
+
+    # llama.cpp logs every tensor at load; keep its errors only (on the worker's stderr).
+    @llama.llama_log_callback  # type: ignore[untyped-decorator]
+    def log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        if level == 3:  # GGML_LOG_LEVEL_ERROR
+            import sys
+
+            sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+    _log_callback = log  # a ctypes callback must outlive its registration
+    llama.llama_log_set(log, ctypes.c_void_p(0))
+    llama.llama_backend_init()
+    _backend_ready = True
+
+
+def adapter_and_model(spec: RuntimeSpec, own: Path) -> tuple[Path | None, Path]:
+    """``(adapter, model)``: ``own`` (the GGUF in the model's folder) is the model, or,
+    when the spec names a base file, the adapter applied over that base."""
+    base = spec.options.get(BASE_MODEL_OPTION)
+    return (own, Path(base)) if base else (None, own)
+
+
+def mapped_gguf(spec: RuntimeSpec) -> Path:
+    """The GGUF file a ``llama_cpp`` worker maps: its own, or an adapter's base."""
+    own = find_model_file(Path(spec.version_dir), (".gguf",), spec.model_file)
+    return adapter_and_model(spec, own)[1]
+
+
+def weights_option(spec: RuntimeSpec) -> str:
+    """``mapped`` (the default) or ``repacked`` from the ``weights`` option."""
+    value = spec.options.get("weights") or MAPPED
+    if value not in (MAPPED, REPACKED):
+        raise ValueError(f"option 'weights' must be {MAPPED!r} or {REPACKED!r}, not {value!r}")
+    return value
