@@ -1,4 +1,4 @@
-"""The README's API table lists exactly the HTTP routes the server serves.
+"""The route table of docs/protocol.md lists exactly the HTTP routes the server serves.
 
 The first cell of each row names routes in backticks: ``METHOD /path`` (several methods
 as ``GET``/``POST /path``), an optional part in brackets (``/v2/models/{m}[/versions/{v}]``
@@ -20,7 +20,7 @@ from modelyard.app import App
 from modelyard.config.settings import load_settings
 from modelyard.frontends.http.app import create_app
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH"})
 
 Endpoint = tuple[str, str]
@@ -41,10 +41,10 @@ def _expand(path: str) -> list[str]:
 
 
 def _api_table(text: str) -> list[str]:
-    """First cells of the rows of the table under ``### API``."""
-    section = text.split("\n### API\n", 1)[1].split("\n#", 1)[0]
+    """First cells of the rows of the table under ``## REST routes``."""
+    section = text.split("\n## REST routes\n", 1)[1].split("\n#", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
-    assert rows, "no API table in README.md"
+    assert rows, "no route table in docs/protocol.md"
     return [row.split(" | ", 1)[0] for row in rows]
 
 
@@ -65,15 +65,15 @@ def parse_cell(cell: str) -> set[Endpoint]:
         elif len(words) == 1 and chunk.startswith("/") and last:
             last = last.rsplit("/", 1)[0] + chunk
         else:
-            pytest.fail(f"README API table: cannot read {chunk!r} in {cell!r}")
+            pytest.fail(f"route table: cannot read {chunk!r} in {cell!r}")
         for path in _expand(last):
             found |= {(m, _normal(path)) for m in methods}
     return found
 
 
-def _readme_endpoints() -> set[Endpoint]:
+def _documented_endpoints() -> set[Endpoint]:
     endpoints: set[Endpoint] = set()
-    for cell in _api_table(README.read_text(encoding="utf-8")):
+    for cell in _api_table(PAGE.read_text(encoding="utf-8")):
         endpoints |= parse_cell(cell)
     return endpoints
 
@@ -108,9 +108,9 @@ def test_the_cell_syntax_reads_as_documented() -> None:
     }
 
 
-def test_readme_api_table_lists_every_route_and_only_those(tmp_path: Path) -> None:
+def test_route_table_lists_every_route_and_only_those(tmp_path: Path) -> None:
     served = _served_endpoints(tmp_path)
-    documented = _readme_endpoints()
+    documented = _documented_endpoints()
     assert ("GET", "/v2/stats/timeseries") in served
-    assert sorted(served - documented) == [], "routes missing from the README's API table"
-    assert sorted(documented - served) == [], "README's API table lists routes not served"
+    assert sorted(served - documented) == [], "routes missing from the route table"
+    assert sorted(documented - served) == [], "the route table lists routes not served"
