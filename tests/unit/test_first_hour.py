@@ -84,3 +84,24 @@ def test_serve_without_a_config_says_how_to_get_one(tmp_path: Path) -> None:
     )
     assert out.returncode != 0
     assert NO_CONFIG_NOTICE in out.stderr
+
+
+# The verbs import their modules lazily, so each may be the first modelyard module a
+# process imports: an import cycle hidden by the usual order would break that verb.
+_VERB_MODULES = [
+    "modelyard.repository.layout",
+    "modelyard.repository.manifest",
+    "modelyard.simulation.plan",
+    "modelyard.examples.repository",
+    "modelyard.manager.eviction",
+    "modelyard.config.settings",
+    "modelyard.ray_app",
+]
+
+
+@pytest.mark.parametrize("module", _VERB_MODULES)
+def test_each_verbs_module_imports_first(module: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr

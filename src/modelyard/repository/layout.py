@@ -5,9 +5,12 @@ version label (``1``, ``1.3``, ``2024-11-01``; see
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from modelyard.config.model_config import VersionPolicy
 from modelyard.repository.version_labels import is_version_label, sort_versions
+
+if TYPE_CHECKING:  # at run time only its attributes are read: no config import cycle
+    from modelyard.config.model_config import VersionPolicy
 
 
 def list_versions(model_dir: Path) -> list[str]:
