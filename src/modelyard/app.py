@@ -207,7 +207,7 @@ class App:
         # What can be known now is reported now, not after the slow start below.
         early = unbindable_ports(s.host, {"HTTP": s.http_port, "gRPC": s.grpc_port})
         if s.exit_on_error:
-            early += self.manager.missing_preloads()
+            early += self.manager.preloads()[1]
         if early:
             raise StartupError("\n  ".join(early))
         # Fork server (declared runtimes preloaded) and spare workers: loads skip both.

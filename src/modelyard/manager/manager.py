@@ -240,14 +240,23 @@ class ModelManager:
 
     # ----------------------------------------------------------------- lifecycle
 
-    def missing_preloads(self) -> list[str]:
-        """One line per model with ``preload: true`` that has no version to serve, naming
-        the file, field and reason."""
-        return [
-            f"{self.registry.field(e, 'path')}: {self.missing_reason(e)}"
-            for e in self.entries.values()
-            if e.config.preload and not e.versions
-        ]
+    def preloads(self) -> tuple[list[ModelRecord], list[str]]:
+        """The versions to preload, and one line per model with ``preload: true`` that
+        cannot serve before any load is tried (no version, or a default version that is
+        not there), naming the file, field and reason. No I/O: known at construction."""
+        records: list[ModelRecord] = []
+        problems: list[str] = []
+        for e in self.entries.values():
+            if not e.config.preload:
+                continue
+            if not e.versions:
+                problems.append(f"{self.registry.field(e, 'path')}: {self.missing_reason(e)}")
+                continue
+            try:
+                records.append(self.resolve(e.config.name, None))
+            except ServerError as exc:
+                problems.append(f"{self.registry.field(e, 'default_version')}: {exc}")
+        return records, problems
 
     async def start(self) -> list[str]:
         """Preload the models whose config asks for it, concurrently.
@@ -258,14 +267,7 @@ class ModelManager:
         """
         self.scaler.start()
         self.anticipation.start()
-        problems = self.missing_preloads()
-        preloads = []
-        for e in self.entries.values():
-            if e.config.preload and e.versions:
-                try:
-                    preloads.append(self.resolve(e.config.name, None))
-                except ServerError as exc:
-                    problems.append(f"{self.registry.field(e, 'default_version')}: {exc}")
+        preloads, problems = self.preloads()
         results = await asyncio.gather(
             *(self.ensure_ready(r, deadline=None, cold_start=False) for r in preloads),
             return_exceptions=True,
