@@ -1,7 +1,7 @@
 """modelyard: serve many models from one repository, more than fit in memory at once.
 
 Start with `modelyard example DIR` (builds a small model repository locally), then
-`modelyard serve --config DIR/modelyard.yaml`; the README's quick start has the rest.
+`modelyard serve --config DIR/modelyard.yaml`; README.md's quick start has the rest.
 """
 
 # The command parses arguments, builds settings and runs: no logic of its own. Heavy

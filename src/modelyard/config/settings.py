@@ -195,7 +195,7 @@ class ServerSettings(BaseSettings):
     """Tokens per plane and TLS; see docs/security.md."""
     devices: list[DeviceConfig] = Field(default_factory=lambda: [DeviceConfig(name="cpu")])
     """Devices and their byte budgets: ``cpu``, CPU core sets (``cpu:0-1``) and
-    ``cuda:N``; see README, "Devices and replicas"."""
+    ``cuda:N``; see docs/models.md, "Devices and replicas"."""
     ray: RayConfig | None = None
     """Run model workers as Ray actors on a Ray cluster (``serve --ray``); the nodes'
     devices replace ``devices:``. See docs/ray.md."""

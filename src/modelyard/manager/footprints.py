@@ -12,7 +12,7 @@ for admission (never a victim: a load waits for it instead, see
 ``Admission.candidates``). A model whose measurement does not fit goes (drained, its
 worker stopped, its bytes given back): FAILED with the typed refusal if it is bigger
 than the whole budget, as an over-budget load was; else evicted, to be loaded again on
-its measured bytes. docs/architecture.md says why this is safe.
+its measured bytes. docs/decisions/0002-footprint-measured-after-ready.md says why this is safe.
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ class Router:
         ``timeout_s`` (the model's ``timeout_s``) covers queue and execution only: a
         request that waits for a load gets its deadline extended by the wait. The
         client's own ``client_timeout_s`` caps the whole request, the load included
-        (see docs/architecture.md, "A load does not count against a request's timeout_ms").
+        (see docs/decisions/0006-loads-and-request-deadlines.md).
         Submit inside the ``async with``: the lease holds until the request is done.
         """
         manager = self.manager
