@@ -1,45 +1,46 @@
-"""HTTP connections that cannot be held hostage: a head deadline and a connection cap.
+"""HTTP connections that cannot be held hostage: a head deadline, a body idle deadline
+and a connection cap, on public interfaces only.
 
-uvicorn closes idle keep-alive connections (``timeout_keep_alive``) but has no limit
-on how long a client may take to send a request head: a connection that opens and
-says nothing, or sends a byte a minute, is kept forever. Enough of them exhaust the
-process's file descriptors, and then every good client fails. This protocol, a small
-subclass of uvicorn's httptools protocol (independent of the ASGI app), adds:
+uvicorn closes idle keep-alive connections (``timeout_keep_alive``) and answers 503 past
+``limit_concurrency``, but it has no limit on how long a client may take to send a
+request head or a body, and it accepts connections until descriptors run out. A
+:class:`ConnectionGuard` adds what it lacks from two public hooks:
 
-* a **head deadline**: from the moment a connection opens (or a new request's first
-  byte arrives on a kept-alive one), the complete request head must arrive within
+* a **protocol class** given to uvicorn through its documented ``http=`` option: a
+  subclass of uvicorn's httptools protocol that overrides only ``asyncio.Protocol``'s
+  own methods (``connection_made``, ``data_received``, ``connection_lost``), always
+  calling uvicorn's, and touches nothing of uvicorn's but the transport asyncio gives it;
+* an **ASGI middleware** (:class:`GuardLayer`, outermost): uvicorn calls the app once a
+  request head is complete, so the app call is where the head deadline ends; its
+  ``receive`` says when the body is complete; its return says when the request is over.
+  The two meet on the connection's peer address (the scope's ``client``).
+
+What is guarded:
+
+* **head deadline**: from the moment a connection opens (or a new request's first byte
+  arrives on a kept-alive one), the complete request head must arrive within
   ``header_timeout_s``, or the connection is closed;
-* a **body idle timeout**: a request whose body stops arriving for ``body_idle_timeout_s``
-  closes its connection (a timer is armed only for bodies that span several reads);
-* a **connection cap**: when a new connection takes the count over
-  ``max_connections``, the oldest connection that is not in a request (still waiting
-  for its head, or idle between keep-alive requests) is closed to make room; if every
-  connection is busy, uvicorn's own ``limit_concurrency`` answers 503, and beyond a
-  small overflow the new connection is closed at once, so descriptors never run out.
-
-It also answers infer requests on their request cycle without ASGI when the app allows
-it (see :mod:`~modelyard.frontends.http.direct`): the hot route's per-request cost. One
-read whole is answered with no uvicorn request cycle at all
-(:mod:`~modelyard.frontends.http.raw_cycle`), and its keep-alive timer is armed lazily:
-one timer per idle spell, not one per request (uvicorn arms one after every answer and
-cancels it on the next request); when it fires on a connection that answered meanwhile,
-it re-arms for the rest of the idle timeout.
+* **body idle deadline**: while the app waits for body bytes that do not come, the
+  connection is closed once ``body_idle_timeout_s`` passes without any;
+* **connection cap**: when a new connection takes the count over ``max_connections``,
+  the oldest connection not in a request (waiting for its head, or idle between
+  keep-alive requests) is closed to make room; if every connection is busy, uvicorn's
+  ``limit_concurrency`` answers 503, and beyond a small overflow the new connection is
+  closed at once, so descriptors never run out.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from modelyard.frontends.http.direct import answer_cycle, direct_handler, direct_target
-from modelyard.frontends.http.fastpath import InferHandler
-from modelyard.frontends.http.raw_cycle import RawCycle, answer_raw
-from modelyard.frontends.http.raw_infer import PREFIX, RawInfer, parse_raw_infer
-
-if TYPE_CHECKING:
-    from uvicorn._types import ASGI3Application
+_HEAD = 0
+"""Waiting for a request head (a new connection, or one between requests)."""
+_REQUEST = 1
+"""A request's app is running: no head deadline; a body deadline while it waits for bytes."""
 
 
 def overflow_connections(max_connections: int) -> int:
@@ -47,259 +48,237 @@ def overflow_connections(max_connections: int) -> int:
     return max(16, max_connections // 8)
 
 
-def guarded_protocol(
-    header_timeout_s: float, max_connections: int, body_idle_timeout_s: float = 30.0
-) -> type[asyncio.Protocol]:
-    """A protocol class for one server (its own record of connections not in a request)."""
-    hard_cap = max_connections + overflow_connections(max_connections)
-    # Connections not in a request, oldest first (dicts keep insertion order).
-    waiting: dict[GuardedHttpProtocol, None] = {}
+class _Connection:
+    """What the guard knows of one connection."""
 
-    class GuardedHttpProtocol(HttpToolsProtocol):
-        """uvicorn's httptools protocol with a head deadline and a connection cap."""
+    __slots__ = (
+        "active",
+        "body_timer",
+        "head_timer",
+        "last_data_at",
+        "state",
+        "transport",
+        "waiting_body",
+    )
 
-        _head_timer: asyncio.TimerHandle | None = None
-        _body_timer: asyncio.TimerHandle | None = None
-        _last_data_at = 0.0
-        _direct_infer: InferHandler | None = None
-        _direct: tuple[RequestResponseCycle | RawCycle, asyncio.Task[None]] | None = None
-        """The infer request answered without ASGI now, and its task."""
-        _in_message = False
-        _idle_since = 0.0
-        """When the last answer was complete (the keep-alive timeout counts from it)."""
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.state = _HEAD
+        self.active = 0
+        """Requests whose app is running (more than one only when pipelined)."""
+        self.head_timer: asyncio.TimerHandle | None = None
+        self.body_timer: asyncio.TimerHandle | None = None
+        self.last_data_at = 0.0
+        self.waiting_body = False
+        """The app is awaiting ``receive`` for a body that is not complete."""
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            """Count the connection, make room if over the cap, start the head deadline."""
-            super().connection_made(transport)
-            self._direct_infer = direct_handler(self.app)
-            crowded = len(self.connections) > max_connections
-            if crowded and not self._displace_one() and len(self.connections) > hard_cap:
-                transport.abort()
-                return
-            waiting[self] = None
-            self._head_timer = self.loop.call_later(header_timeout_s, self._head_too_late)
+    def close(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.close()
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            """Forget the connection and its deadlines; cancel a direct infer request."""
-            waiting.pop(self, None)
-            self._cancel_head_timer()
-            if self._body_timer is not None:
-                self._body_timer.cancel()
-                self._body_timer = None
-            super().connection_lost(exc)
-            direct, self._direct = self._direct, None
-            if direct is not None and not direct[0].response_complete:
-                # The client went: the request's work stops (it leaves its queue).
-                direct[0].disconnected = True
-                direct[0].message_event.set()
-                direct[1].cancel()
+    def cancel_timers(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
 
-        def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
-            # NOTE: overrides a private uvicorn method (the one place a request cycle is
-            # started, pipelined ones included); tests/integration pin the direct path.
-            handler = self._direct_infer
-            if handler is not None and app is self.app:
-                target = direct_target(cycle)
-                if target is not None:
-                    task = self.loop.create_task(answer_cycle(handler, cycle, *target))
-                    task.add_done_callback(self.tasks.discard)
-                    self.tasks.add(task)
-                    self._direct = (cycle, task)
-                    return
-            super()._start_asgi_task(cycle, app)
 
-        def data_received(self, data: bytes) -> None:
-            """Answer a whole infer request read at once; else feed the parser, and time a
-            head or a body that is still to come."""
-            handler = self._direct_infer
-            if handler is not None and data.startswith(PREFIX) and self._between_messages():
-                raw = parse_raw_infer(data, handler.max_request_bytes)
-                if raw is not None:
-                    self._start_raw(handler, raw)
-                    return
-            self._last_data_at = self.loop.time()
-            super().data_received(data)
-            if self in waiting:
-                # Part of a head (a whole one would have left ``waiting``): it is due
-                # within the deadline. Heads that arrive in one read never arm a timer.
-                if self._head_timer is None:
-                    self._head_timer = self.loop.call_later(header_timeout_s, self._head_too_late)
-                return
-            cycle = self.cycle
-            if (
-                self._body_timer is None
-                and cycle is not None
-                and cycle.more_body
-                and not cycle.response_complete
-            ):
-                self._body_timer = self.loop.call_later(body_idle_timeout_s, self._body_stalled)
+class ConnectionGuard:
+    """The deadlines and the cap of one HTTP server (one port)."""
 
-        def _between_messages(self) -> bool:
-            # What uvicorn would do with a new request now is start it: no message half
-            # parsed, none answering or queued behind one, no 503 for the concurrency cap.
-            cycle = self.cycle
-            limit = self.limit_concurrency
-            return (
-                not self._in_message
-                and (cycle is None or cycle.response_complete)
-                and not self.pipeline
-                and not self.root_path
-                and (limit is None or (len(self.connections) < limit and len(self.tasks) < limit))
+    def __init__(
+        self, header_timeout_s: float, body_idle_timeout_s: float, max_connections: int
+    ) -> None:
+        self.header_timeout_s = header_timeout_s
+        self.body_idle_timeout_s = body_idle_timeout_s
+        self.max_connections = max_connections
+        self.hard_cap = max_connections + overflow_connections(max_connections)
+        self.connections: dict[tuple[str, int], _Connection] = {}
+        """Every open connection, by peer address (the ASGI scope's ``client``)."""
+        self.idle: dict[tuple[str, int], None] = {}
+        """Connections not in a request, oldest first (dicts keep insertion order)."""
+
+    # ------------------------------------------------------------------ protocol side
+
+    def opened(self, peer: tuple[str, int], transport: asyncio.Transport) -> _Connection | None:
+        """Count a new connection; None when it must be closed at once (over the cap
+        with every other connection busy)."""
+        conn = _Connection(transport)
+        self.closed(peer, None)  # an address reused before its old connection was lost
+        self.connections[peer] = conn
+        crowded = len(self.connections) > self.max_connections
+        if crowded and not self._displace_one(peer) and len(self.connections) > self.hard_cap:
+            return None
+        self.idle[peer] = None
+        conn.head_timer = _loop().call_later(self.header_timeout_s, self._head_too_late, peer)
+        return conn
+
+    def received(self, peer: tuple[str, int]) -> None:
+        """Bytes arrived: a head now under way is due within the deadline; a body's
+        bytes are progress."""
+        conn = self.connections.get(peer)
+        if conn is None:
+            return
+        if conn.state == _HEAD:
+            if conn.head_timer is None:
+                conn.head_timer = _loop().call_later(
+                    self.header_timeout_s, self._head_too_late, peer
+                )
+        else:
+            conn.last_data_at = _loop().time()
+
+    def closed(self, peer: tuple[str, int], conn: _Connection | None) -> None:
+        """Forget the connection at ``peer`` (only if it is ``conn``, when given)."""
+        known = self.connections.get(peer)
+        if known is None or (conn is not None and known is not conn):
+            return
+        del self.connections[peer]
+        self.idle.pop(peer, None)
+        known.cancel_timers()
+
+    # ------------------------------------------------------------------ app side
+
+    def request_started(self, peer: tuple[str, int]) -> _Connection | None:
+        """A request's head is complete (its app is called): no head deadline now."""
+        conn = self.connections.get(peer)
+        if conn is None:
+            return None
+        self.idle.pop(peer, None)
+        conn.cancel_timers()
+        conn.state = _REQUEST
+        conn.active += 1
+        conn.last_data_at = _loop().time()
+        return conn
+
+    def waiting_body(self, conn: _Connection, waiting: bool) -> None:
+        """The app starts (True) or stops (False) waiting for body bytes."""
+        conn.waiting_body = waiting
+        if waiting and conn.body_timer is None:
+            conn.body_timer = _loop().call_later(self.body_idle_timeout_s, self._body_stalled, conn)
+
+    def request_done(self, peer: tuple[str, int], conn: _Connection) -> None:
+        """The request's app returned: the connection waits for its next head."""
+        conn.active -= 1
+        if conn.active or self.connections.get(peer) is not conn or conn.transport.is_closing():
+            return  # a pipelined request runs on, or the connection is gone
+        conn.cancel_timers()
+        conn.waiting_body = False
+        conn.state = _HEAD
+        self.idle[peer] = None  # the newest idle connection: displaced last
+
+    # ------------------------------------------------------------------ deadlines
+
+    def _head_too_late(self, peer: tuple[str, int]) -> None:
+        conn = self.connections.get(peer)
+        if conn is not None and conn.state == _HEAD:
+            conn.head_timer = None
+            conn.close()
+
+    def _body_stalled(self, conn: _Connection) -> None:
+        conn.body_timer = None
+        if conn.state != _REQUEST or not conn.waiting_body:
+            return  # the body is complete, or the app is busy elsewhere
+        idle = _loop().time() - conn.last_data_at
+        if idle >= self.body_idle_timeout_s:
+            conn.close()
+        else:
+            conn.body_timer = _loop().call_later(
+                self.body_idle_timeout_s - idle, self._body_stalled, conn
             )
 
-        def _start_raw(self, handler: InferHandler, raw: RawInfer) -> None:
-            # on_message_begin, on_headers_complete and on_message_complete in one, for a
-            # request parsed by raw_infer. No scope, cycle or event (raw_cycle.py), and
-            # the keep-alive timer stays armed: it sees the connection busy if it fires.
-            waiting.pop(self, None)
-            if self._head_timer is not None:
-                self._cancel_head_timer()
-            request = RawCycle(self, raw)
-            # Read as a cycle by uvicorn's methods: RawCycle has what they read of one.
-            self.cycle = request  # type: ignore[assignment]
-            task = self.loop.create_task(answer_raw(handler, request))
-            task.add_done_callback(self.tasks.discard)
-            self.tasks.add(task)
-            self._direct = (request, task)
+    def _displace_one(self, newcomer: tuple[str, int]) -> bool:
+        for peer in self.idle:
+            if peer != newcomer:
+                self.connections[peer].close()
+                self.idle.pop(peer)
+                return True
+        return False
 
-        def raw_error_cycle(self, request: RawCycle) -> RequestResponseCycle:
-            """The scope and request cycle ``_start_raw`` would have built, for an error
-            to be answered through uvicorn's ASGI ``send``; it takes the request's place."""
-            raw = request.raw
-            scope = {
-                "type": "http",
-                "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
-                "http_version": "1.1",
-                "server": self.server,
-                "client": self.client,
-                "scheme": self.scheme,
-                "root_path": "",
-                "headers": raw.headers,
-                "state": self.app_state.copy(),
-                "method": "POST",
-                "path": raw.path,
-                "raw_path": raw.raw_path,
-                "query_string": b"",
-            }
-            cycle = RequestResponseCycle(
-                scope=scope,  # type: ignore[arg-type]
-                transport=self.transport,
-                flow=self.flow,
-                logger=self.logger,
-                access_logger=self.access_logger,
-                access_log=self.access_log,
-                default_headers=self.server_state.default_headers,
-                message_event=asyncio.Event(),
-                expect_100_continue=False,
-                keep_alive=request.keep_alive,
-                on_response=self.on_response_complete,
-            )
-            cycle.more_body = False  # the body was read with the head
-            cycle.disconnected = request.disconnected
-            if self.cycle is request:  # type: ignore[comparison-overlap]
-                self.cycle = cycle
-            direct = self._direct
-            if direct is not None and direct[0] is request:
-                self._direct = (cycle, direct[1])
-            return cycle
+    # ------------------------------------------------------------------ the two hooks
 
-        def raw_response_complete(self) -> None:
-            """uvicorn's ``on_response_complete`` (and ours) for a raw request answered,
-            but the keep-alive timer armed only if none is."""
-            self.server_state.total_requests += 1
-            if self.transport.is_closing():
-                return
-            flow = self.flow
-            if flow.read_paused:
-                flow.resume_reading()
-            if self.pipeline:
-                self._unset_keepalive_if_required()
-                cycle, app = self.pipeline.pop()
-                self._start_asgi_task(cycle, app)
-                return
-            self._idle_since = self.loop.time()
-            if self.timeout_keep_alive_task is None:
-                self.timeout_keep_alive_task = self.loop.call_later(
-                    self.timeout_keep_alive, self.timeout_keep_alive_handler
-                )
-            cycle = self.cycle  # a request read by httptools may be under way
-            if cycle is None or cycle.response_complete:
-                waiting[self] = None
+    def protocol_class(self) -> type[asyncio.Protocol]:
+        """The protocol class for uvicorn's ``http=`` option, bound to this guard."""
+        guard = self
 
-        def timeout_keep_alive_handler(self) -> None:
-            """Close the connection if it has been idle ``timeout_keep_alive`` since its
-            last answer; if it answered since the timer was armed, wait for the rest."""
-            self.timeout_keep_alive_task = None
-            if self.transport.is_closing():
-                return
-            cycle = self.cycle
-            if self._in_message or self.pipeline or not (cycle is None or cycle.response_complete):
-                return  # busy: the answer arms the timer again
-            idle = self.loop.time() - self._idle_since
-            if idle >= self.timeout_keep_alive:
-                self.transport.close()
-            else:
-                self.timeout_keep_alive_task = self.loop.call_later(
-                    self.timeout_keep_alive - idle, self.timeout_keep_alive_handler
-                )
+        class GuardedHttpProtocol(HttpToolsProtocol):
+            """uvicorn's httptools protocol, counted and timed by the guard."""
 
-        def on_message_begin(self) -> None:
-            """httptools began a message: raw reads wait for its end."""
-            self._in_message = True
-            super().on_message_begin()
+            _peer: tuple[str, int] | None = None
+            _conn: _Connection | None = None
 
-        def on_message_complete(self) -> None:
-            """httptools ended a message: the next read may be taken raw."""
-            super().on_message_complete()
-            self._in_message = False
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                """Let uvicorn set up, then count the connection (or close it: over the cap)."""
+                super().connection_made(transport)  # type: ignore[arg-type]
+                peer = peer_of(transport.get_extra_info("peername"))
+                if peer is None:
+                    return  # not TCP: nothing to guard by address
+                self._peer = peer
+                assert isinstance(transport, asyncio.Transport)
+                self._conn = guard.opened(peer, transport)
+                if self._conn is None:
+                    transport.abort()
 
-        def _body_stalled(self) -> None:
-            self._body_timer = None
-            cycle = self.cycle
-            if cycle is None or not cycle.more_body or cycle.response_complete:
-                return
-            idle = self.loop.time() - self._last_data_at
-            if idle >= body_idle_timeout_s:
-                self._close()
-            else:
-                self._body_timer = self.loop.call_later(
-                    body_idle_timeout_s - idle, self._body_stalled
-                )
+            def data_received(self, data: bytes) -> None:
+                """Time the head or the body these bytes belong to, then parse them."""
+                if self._peer is not None:
+                    guard.received(self._peer)
+                super().data_received(data)
 
-        def on_headers_complete(self) -> None:
-            """The head arrived in time: the connection is busy with a request."""
-            waiting.pop(self, None)
-            self._cancel_head_timer()
-            super().on_headers_complete()
+            def connection_lost(self, exc: Exception | None) -> None:
+                """Forget the connection, then let uvicorn clean up."""
+                if self._peer is not None:
+                    guard.closed(self._peer, self._conn)
+                super().connection_lost(exc)
 
-        def on_response_complete(self) -> None:
-            """Idle again (keep-alive): displaceable, and uvicorn's idle timeout runs."""
-            self._idle_since = self.loop.time()
-            super().on_response_complete()
-            cycle = self.cycle  # a pipelined request may have started meanwhile
-            if not self.transport.is_closing() and (cycle is None or cycle.response_complete):
-                waiting[self] = None
+        return GuardedHttpProtocol
 
-        def _cancel_head_timer(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
 
-        def _head_too_late(self) -> None:
-            self._head_timer = None
-            if self in waiting:
-                self._close()
+def peer_of(address: Any) -> tuple[str, int] | None:
+    """A TCP peer address as uvicorn writes the scope's ``client`` (None: not TCP)."""
+    if isinstance(address, (tuple, list)) and len(address) >= 2:
+        return str(address[0]), int(address[1])
+    return None
 
-        def _close(self) -> None:
-            waiting.pop(self, None)
-            if not self.transport.is_closing():
-                self.transport.close()
 
-        def _displace_one(self) -> bool:
-            for other in waiting:
-                if other is not self:
-                    other._close()
-                    return True
-            return False
+def _loop() -> asyncio.AbstractEventLoop:
+    return asyncio.get_running_loop()
 
-    return GuardedHttpProtocol
+
+class GuardLayer:
+    """ASGI middleware, outermost: tells the guard when each request's head is complete,
+    when its app waits for body bytes, and when it is over."""
+
+    def __init__(self, guard: ConnectionGuard, app: ASGIApp) -> None:
+        self.guard = guard
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app with the connection marked busy, its body reads timed."""
+        peer = peer_of(scope.get("client")) if scope["type"] == "http" else None
+        conn = None if peer is None else self.guard.request_started(peer)
+        if peer is None or conn is None:
+            await self.app(scope, receive, send)
+            return
+        guard = self.guard
+        body_done = False
+
+        async def timed_receive() -> Message:
+            nonlocal body_done
+            if body_done:
+                return await receive()
+            guard.waiting_body(conn, True)
+            try:
+                message = await receive()
+            finally:
+                guard.waiting_body(conn, False)
+            conn.last_data_at = _loop().time()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        try:
+            await self.app(scope, timed_receive, send)
+        finally:
+            guard.request_done(peer, conn)
