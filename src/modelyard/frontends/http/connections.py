@@ -32,7 +32,7 @@ What is guarded:
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -215,8 +215,8 @@ class ConnectionGuard:
                 if peer is None:
                     return  # not TCP: nothing to guard by address
                 self._peer = peer
-                assert isinstance(transport, asyncio.Transport)
-                self._conn = guard.opened(peer, transport)
+                # uvloop's transports are not asyncio.Transport subclasses, alike in use.
+                self._conn = guard.opened(peer, cast(asyncio.Transport, transport))
                 if self._conn is None:
                     transport.abort()
 
