@@ -18,7 +18,6 @@ ratios this tree / baseline of the same run.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
