@@ -116,7 +116,10 @@ def _good(client: httpx.Client) -> None:
 
 def bomb(size: int) -> bytes:
     """A gzip body that inflates to ``size`` bytes of spaces (about 1,000 : 1)."""
-    return gzip.compress(b" " * size, compresslevel=9)
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    block = b" " * (1024 * 1024)
+    parts = [packer.compress(block) for _ in range(size // len(block))]
+    return b"".join(parts) + packer.flush()
 
 
 def test_compressed_bodies_are_inflated_and_bombs_refused_within_the_limit(
@@ -130,9 +133,9 @@ def test_compressed_bodies_are_inflated_and_bombs_refused_within_the_limit(
             )
             assert r.status_code == 200, (encoding, r.text)
             assert r.json()["outputs"][0]["data"] == [1.0] * 4
-        # 64 MiB once inflated, from about 64 KB: refused as soon as the output passes
+        # 256 MiB once inflated, from about 256 KB: refused as soon as the output passes
         # the 4 MiB limit, so the server never holds the rest.
-        payload = bomb(64 * 1024 * 1024)
+        payload = bomb(256 * 1024 * 1024)
         before = served.rss()
         peak = [before]
         stop = threading.Event()
@@ -154,7 +157,9 @@ def test_compressed_bodies_are_inflated_and_bombs_refused_within_the_limit(
         finally:
             stop.set()
             sampler.join()
-        assert peak[0] - before < 48 * 1024 * 1024, "a bomb was inflated past the limit"
+        # Well under one bomb inflated (the pool's threads keep some memory in their
+        # allocator arenas after the first bombs: that is bounded, not per bomb).
+        assert peak[0] - before < 128 * 1024 * 1024, "a bomb was inflated past the limit"
         # Broken and unsupported codings are the client's error, answered 400.
         cases = [
             ("gzip", gzip.compress(body)[:-8], "/v2/models/add/infer"),
@@ -204,8 +209,14 @@ async def test_a_rest_connection_flood_leaves_rest_and_grpc_serving(served: Serv
             except OSError:
                 continue  # the backlog was full for a moment: the flood goes on
             flood.append(writer)
-        await asyncio.sleep(0.2)
-        assert served.descriptors() < FILE_LIMIT - 100
+        # Until the server has accepted the whole flood (the kernel completed the
+        # handshakes before the server took them): while connections still arrive,
+        # each one displaces another, and a request meanwhile may get 503.
+        counts = [-1, served.descriptors()]
+        while counts[-1] != counts[-2]:
+            await asyncio.sleep(0.2)
+            counts.append(served.descriptors())
+        assert counts[-1] < FILE_LIMIT - 100
         async with httpx.AsyncClient(base_url=served.url, timeout=30) as client:
             for _ in range(5):
                 r = await client.post("/v2/models/add/infer", json=GOOD)

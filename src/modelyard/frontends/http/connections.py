@@ -51,42 +51,26 @@ def overflow_connections(max_connections: int) -> int:
 class _Connection:
     """What the guard knows of one connection."""
 
-    __slots__ = (
-        "active",
-        "body_timer",
-        "head_timer",
-        "last_data_at",
-        "state",
-        "transport",
-        "waiting_body",
-    )
+    __slots__ = ("active", "last_data_at", "state", "transport")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         self.state = _HEAD
         self.active = 0
         """Requests whose app is running (more than one only when pipelined)."""
-        self.head_timer: asyncio.TimerHandle | None = None
-        self.body_timer: asyncio.TimerHandle | None = None
         self.last_data_at = 0.0
-        self.waiting_body = False
-        """The app is awaiting ``receive`` for a body that is not complete."""
 
     def close(self) -> None:
         if not self.transport.is_closing():
             self.transport.close()
 
-    def cancel_timers(self) -> None:
-        if self.head_timer is not None:
-            self.head_timer.cancel()
-            self.head_timer = None
-        if self.body_timer is not None:
-            self.body_timer.cancel()
-            self.body_timer = None
-
 
 class ConnectionGuard:
-    """The deadlines and the cap of one HTTP server (one port)."""
+    """The deadlines and the cap of one HTTP server (one port).
+
+    Deadlines are checked by one sweep every quarter of the shorter deadline (at most
+    every second), not by a timer per request: a request pays a few dict operations.
+    """
 
     def __init__(
         self, header_timeout_s: float, body_idle_timeout_s: float, max_connections: int
@@ -99,6 +83,12 @@ class ConnectionGuard:
         """Every open connection, by peer address (the ASGI scope's ``client``)."""
         self.idle: dict[tuple[str, int], None] = {}
         """Connections not in a request, oldest first (dicts keep insertion order)."""
+        self.heads: dict[tuple[str, int], float] = {}
+        """Connections whose head is due, and since when (oldest first)."""
+        self.bodies: dict[_Connection, None] = {}
+        """Connections whose app waits for body bytes now."""
+        self._tick_s = max(0.02, min(1.0, header_timeout_s / 4, body_idle_timeout_s / 4))
+        self._sweeper: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ protocol side
 
@@ -112,7 +102,7 @@ class ConnectionGuard:
         if crowded and not self._displace_one(peer) and len(self.connections) > self.hard_cap:
             return None
         self.idle[peer] = None
-        conn.head_timer = _loop().call_later(self.header_timeout_s, self._head_too_late, peer)
+        self._head_due(peer)
         return conn
 
     def received(self, peer: tuple[str, int]) -> None:
@@ -122,10 +112,8 @@ class ConnectionGuard:
         if conn is None:
             return
         if conn.state == _HEAD:
-            if conn.head_timer is None:
-                conn.head_timer = _loop().call_later(
-                    self.header_timeout_s, self._head_too_late, peer
-                )
+            if peer not in self.heads:
+                self._head_due(peer)
         else:
             conn.last_data_at = _loop().time()
 
@@ -136,7 +124,8 @@ class ConnectionGuard:
             return
         del self.connections[peer]
         self.idle.pop(peer, None)
-        known.cancel_timers()
+        self.heads.pop(peer, None)
+        self.bodies.pop(known, None)
 
     # ------------------------------------------------------------------ app side
 
@@ -146,7 +135,7 @@ class ConnectionGuard:
         if conn is None:
             return None
         self.idle.pop(peer, None)
-        conn.cancel_timers()
+        self.heads.pop(peer, None)
         conn.state = _REQUEST
         conn.active += 1
         conn.last_data_at = _loop().time()
@@ -154,39 +143,51 @@ class ConnectionGuard:
 
     def waiting_body(self, conn: _Connection, waiting: bool) -> None:
         """The app starts (True) or stops (False) waiting for body bytes."""
-        conn.waiting_body = waiting
-        if waiting and conn.body_timer is None:
-            conn.body_timer = _loop().call_later(self.body_idle_timeout_s, self._body_stalled, conn)
+        if waiting:
+            self.bodies[conn] = None
+            self._sweep_soon()
+        else:
+            self.bodies.pop(conn, None)
 
     def request_done(self, peer: tuple[str, int], conn: _Connection) -> None:
         """The request's app returned: the connection waits for its next head."""
         conn.active -= 1
         if conn.active or self.connections.get(peer) is not conn or conn.transport.is_closing():
             return  # a pipelined request runs on, or the connection is gone
-        conn.cancel_timers()
-        conn.waiting_body = False
+        self.bodies.pop(conn, None)
         conn.state = _HEAD
         self.idle[peer] = None  # the newest idle connection: displaced last
 
     # ------------------------------------------------------------------ deadlines
 
-    def _head_too_late(self, peer: tuple[str, int]) -> None:
-        conn = self.connections.get(peer)
-        if conn is not None and conn.state == _HEAD:
-            conn.head_timer = None
-            conn.close()
+    def _head_due(self, peer: tuple[str, int]) -> None:
+        self.heads[peer] = _loop().time()
+        self._sweep_soon()
 
-    def _body_stalled(self, conn: _Connection) -> None:
-        conn.body_timer = None
-        if conn.state != _REQUEST or not conn.waiting_body:
-            return  # the body is complete, or the app is busy elsewhere
-        idle = _loop().time() - conn.last_data_at
-        if idle >= self.body_idle_timeout_s:
+    def _sweep_soon(self) -> None:
+        if self._sweeper is None:
+            self._sweeper = _loop().call_later(self._tick_s, self._sweep)
+
+    def _sweep(self) -> None:
+        """Close the connections past a deadline; sweep again while any deadline runs."""
+        self._sweeper = None
+        now = _loop().time()
+        cutoff = now - self.header_timeout_s
+        late: list[tuple[str, int]] = []
+        for peer, since in self.heads.items():
+            if since > cutoff:
+                break  # oldest first: the rest are due later
+            late.append(peer)
+        for peer in late:
+            del self.heads[peer]
+            self.connections[peer].close()
+        cutoff = now - self.body_idle_timeout_s
+        stalled = [conn for conn in self.bodies if conn.last_data_at <= cutoff]
+        for conn in stalled:
+            del self.bodies[conn]
             conn.close()
-        else:
-            conn.body_timer = _loop().call_later(
-                self.body_idle_timeout_s - idle, self._body_stalled, conn
-            )
+        if self.heads or self.bodies:
+            self._sweep_soon()
 
     def _displace_one(self, newcomer: tuple[str, int]) -> bool:
         for peer in self.idle:
@@ -216,9 +217,10 @@ class ConnectionGuard:
                     return  # not TCP: nothing to guard by address
                 self._peer = peer
                 # uvloop's transports are not asyncio.Transport subclasses, alike in use.
-                self._conn = guard.opened(peer, cast(asyncio.Transport, transport))
+                stream = cast(asyncio.Transport, transport)
+                self._conn = guard.opened(peer, stream)
                 if self._conn is None:
-                    transport.abort()
+                    stream.abort()
 
             def data_received(self, data: bytes) -> None:
                 """Time the head or the body these bytes belong to, then parse them."""
