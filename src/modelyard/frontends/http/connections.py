@@ -258,7 +258,9 @@ class GuardLayer:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app with the connection marked busy, its body reads timed."""
-        peer = peer_of(scope.get("client")) if scope["type"] == "http" else None
+        peer = scope.get("client") if scope["type"] == "http" else None
+        if peer is not None and type(peer) is not tuple:
+            peer = peer_of(peer)  # uvicorn's is already the tuple the protocol keys by
         conn = None if peer is None else self.guard.request_started(peer)
         if peer is None or conn is None:
             await self.app(scope, receive, send)

@@ -19,7 +19,7 @@ from modelyard.frontends.dataplane import SERVED_BY, DataPlane
 from modelyard.frontends.http.bodies import read_body
 from modelyard.frontends.http.codec import decode_request, encode_response
 from modelyard.frontends.http.errors import answer_error
-from modelyard.frontends.http.offload import decode_off_loop
+from modelyard.frontends.http.offload import OFFLOAD_FROM_BYTES, gate
 from modelyard.protocol.types import earliest, header_timeout_s
 
 _WATCH_AFTER_S = 0.002
@@ -158,9 +158,11 @@ class InferHandler:
         (cancelled if the client disconnects: watched on ``receive`` unless None),
         encode: the response body, for binary outputs the JSON header's length, and the
         fallback model that answered (None: the requested one did)."""
-        limit = self.dp.max_request_elements
-        args = (body, header_length, model, version, limit)
-        req = await decode_off_loop(client, len(body), decode_request, *args)
+        args = (body, header_length, model, version, self.dp.max_request_elements)
+        if len(body) < OFFLOAD_FROM_BYTES:  # most bodies: decoded here, no await
+            req = decode_request(*args)
+        else:
+            req = await gate().run(client, decode_request, *args)
         if timeout_ms is not None:
             req.timeout_s = earliest(req.timeout_s, header_timeout_s(timeout_ms))
         work = self.dp.infer(req)
