@@ -32,6 +32,7 @@ What is guarded:
 from __future__ import annotations
 
 import asyncio
+from time import monotonic
 from typing import Any, cast
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -115,7 +116,7 @@ class ConnectionGuard:
             if peer not in self.heads:
                 self._head_due(peer)
         else:
-            conn.last_data_at = _loop().time()
+            conn.last_data_at = monotonic()
 
     def closed(self, peer: tuple[str, int], conn: _Connection | None) -> None:
         """Forget the connection at ``peer`` (only if it is ``conn``, when given)."""
@@ -138,7 +139,7 @@ class ConnectionGuard:
         self.heads.pop(peer, None)
         conn.state = _REQUEST
         conn.active += 1
-        conn.last_data_at = _loop().time()
+        conn.last_data_at = monotonic()
         return conn
 
     def waiting_body(self, conn: _Connection, waiting: bool) -> None:
@@ -161,17 +162,18 @@ class ConnectionGuard:
     # ------------------------------------------------------------------ deadlines
 
     def _head_due(self, peer: tuple[str, int]) -> None:
-        self.heads[peer] = _loop().time()
+        self.heads[peer] = monotonic()
         self._sweep_soon()
 
     def _sweep_soon(self) -> None:
         if self._sweeper is None:
-            self._sweeper = _loop().call_later(self._tick_s, self._sweep)
+            loop = asyncio.get_running_loop()
+            self._sweeper = loop.call_later(self._tick_s, self._sweep)
 
     def _sweep(self) -> None:
         """Close the connections past a deadline; sweep again while any deadline runs."""
         self._sweeper = None
-        now = _loop().time()
+        now = monotonic()
         cutoff = now - self.header_timeout_s
         late: list[tuple[str, int]] = []
         for peer, since in self.heads.items():
@@ -244,10 +246,6 @@ def peer_of(address: Any) -> tuple[str, int] | None:
     return None
 
 
-def _loop() -> asyncio.AbstractEventLoop:
-    return asyncio.get_running_loop()
-
-
 class GuardLayer:
     """ASGI middleware, outermost: tells the guard when each request's head is complete,
     when its app waits for body bytes, and when it is over."""
@@ -277,7 +275,7 @@ class GuardLayer:
                 message = await receive()
             finally:
                 guard.waiting_body(conn, False)
-            conn.last_data_at = _loop().time()
+            conn.last_data_at = monotonic()
             if message["type"] != "http.request" or not message.get("more_body", False):
                 body_done = True
             return message
