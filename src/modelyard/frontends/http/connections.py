@@ -52,7 +52,7 @@ def overflow_connections(max_connections: int) -> int:
 class _Connection:
     """What the guard knows of one connection."""
 
-    __slots__ = ("active", "last_data_at", "state", "transport")
+    __slots__ = ("active", "gone", "last_data_at", "state", "task", "transport")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -60,6 +60,10 @@ class _Connection:
         self.active = 0
         """Requests whose app is running (more than one only when pipelined)."""
         self.last_data_at = 0.0
+        self.task: asyncio.Task[Any] | None = None
+        """The task of the request now running (the newest, when pipelined)."""
+        self.gone = False
+        """The connection was lost while a request ran: its task was cancelled."""
 
     def close(self) -> None:
         if not self.transport.is_closing():
@@ -127,6 +131,11 @@ class ConnectionGuard:
         self.idle.pop(peer, None)
         self.heads.pop(peer, None)
         self.bodies.pop(known, None)
+        task = known.task
+        if known.active and task is not None and not task.done():
+            # The client went: its request's work stops (a queued one leaves its queue).
+            known.gone = True
+            task.cancel()
 
     # ------------------------------------------------------------------ app side
 
@@ -248,7 +257,9 @@ def peer_of(address: Any) -> tuple[str, int] | None:
 
 class GuardLayer:
     """ASGI middleware, outermost: tells the guard when each request's head is complete,
-    when its app waits for body bytes, and when it is over."""
+    when its app waits for body bytes, and when it is over; the request's task is
+    cancelled if its connection is lost before then (its work stops, a queued request
+    leaves its queue), which costs a request nothing while its client stays."""
 
     def __init__(self, guard: ConnectionGuard, app: ASGIApp) -> None:
         self.guard = guard
@@ -280,7 +291,12 @@ class GuardLayer:
                 body_done = True
             return message
 
+        task = conn.task = asyncio.current_task()
         try:
             await self.app(scope, timed_receive, send)
+        except asyncio.CancelledError:
+            if not conn.gone or task is None:
+                raise  # the server is stopping: not the client's doing
+            task.uncancel()  # the client went: nobody to answer
         finally:
             guard.request_done(peer, conn)

@@ -132,7 +132,7 @@ class InferHandler:
         client = peer[0] if peer else None
         body = await read_body(receive, self.max_request_bytes, declared, encoding, client)
         payload, header_len, served_by = await self.infer_body(
-            model, version, body, header_length, timeout_ms, receive, client
+            model, version, body, header_length, timeout_ms, client
         )
         headers = [(b"content-length", str(len(payload)).encode())]
         if header_len is None:
@@ -151,13 +151,13 @@ class InferHandler:
         body: bytes,
         header_length: str | None,
         timeout_ms: str | None,
-        receive: Receive | None,
         client: str | None = None,
     ) -> tuple[bytes, int | None, str | None]:
         """Decode (off the event loop for a big body, within ``client``'s share), infer
-        (cancelled if the client disconnects: watched on ``receive`` unless None),
-        encode: the response body, for binary outputs the JSON header's length, and the
-        fallback model that answered (None: the requested one did)."""
+        (cancelled if the client disconnects: by the connection guard, see
+        :class:`~modelyard.frontends.http.connections.GuardLayer`), encode: the response
+        body, for binary outputs the JSON header's length, and the fallback model that
+        answered (None: the requested one did)."""
         args = (body, header_length, model, version, self.dp.max_request_elements)
         if len(body) < OFFLOAD_FROM_BYTES:  # most bodies: decoded here, no await
             req = decode_request(*args)
@@ -165,8 +165,7 @@ class InferHandler:
             req = await gate().run(client, decode_request, *args)
         if timeout_ms is not None:
             req.timeout_s = earliest(req.timeout_s, header_timeout_s(timeout_ms))
-        work = self.dp.infer(req)
-        resp = await (work if receive is None else unless_disconnected(receive, work))
+        resp = await self.dp.infer(req)
         payload, header_len = encode_response(resp, req)
         if len(payload) > self.dp.max_response_bytes:
             self.dp.check_response_bytes(len(payload))
