@@ -203,10 +203,17 @@ class ConnectionGuard:
     def _displace_one(self, newcomer: tuple[str, int]) -> bool:
         for peer in self.idle:
             if peer != newcomer:
-                self.connections[peer].close()
+                # Uncounted at once (its connection_lost comes a loop turn later), so
+                # a request that arrives meanwhile is not taken for one over the cap.
                 self.idle.pop(peer)
+                self.heads.pop(peer, None)
+                self.connections.pop(peer).close()
                 return True
         return False
+
+    def over_cap(self) -> bool:
+        """More connections than the cap: every one busy, none could be displaced."""
+        return len(self.connections) > self.max_connections
 
     # ------------------------------------------------------------------ the two hooks
 
@@ -255,6 +262,12 @@ def peer_of(address: Any) -> tuple[str, int] | None:
     return None
 
 
+async def _service_unavailable(send: Send) -> None:
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": b"Service Unavailable"})
+
+
 class GuardLayer:
     """ASGI middleware, outermost: tells the guard when each request's head is complete,
     when its app waits for body bytes, and when it is over; the request's task is
@@ -275,6 +288,10 @@ class GuardLayer:
             await self.app(scope, receive, send)
             return
         guard = self.guard
+        if guard.over_cap():
+            await _service_unavailable(send)
+            guard.request_done(peer, conn)
+            return
         body_done = False
 
         async def timed_receive() -> Message:

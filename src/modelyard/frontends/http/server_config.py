@@ -75,8 +75,9 @@ def uvicorn_config(
         loop="none",
         # httptools, counted and timed by the guard (connections.py).
         http=guard.protocol_class(),
-        # Counted with the connection being answered: 503 once over the cap.
-        limit_concurrency=cap + 1,
+        # The guard answers 503 past the cap from its own count (uvicorn's also counts
+        # displaced connections until their connection_lost): uvicorn's is a backstop.
+        limit_concurrency=cap + overflow_connections(cap) + 1,
         backlog=accept_batch(cap),
         lifespan="off",
         log_level="warning",
