@@ -24,9 +24,10 @@ What is guarded:
   connection is closed once ``body_idle_timeout_s`` passes without any;
 * **connection cap**: when a new connection takes the count over ``max_connections``,
   the oldest connection not in a request (waiting for its head, or idle between
-  keep-alive requests) is closed to make room; if every connection is busy, uvicorn's
-  ``limit_concurrency`` answers 503, and beyond a small overflow the new connection is
-  closed at once, so descriptors never run out.
+  keep-alive requests) is closed to make room; if every connection is busy, the
+  middleware answers 503 (uvicorn's ``limit_concurrency``, set past the overflow, is a
+  backstop), and beyond a small overflow the new connection is closed at once, so
+  descriptors never run out.
 """
 
 from __future__ import annotations
