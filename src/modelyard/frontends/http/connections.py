@@ -39,6 +39,8 @@ from typing import Any, cast
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from modelyard.frontends.http.coalesce import CoalescingTransport
+
 _HEAD = 0
 """Waiting for a request head (a new connection, or one between requests)."""
 _REQUEST = 1
@@ -229,8 +231,11 @@ class ConnectionGuard:
             _conn: _Connection | None = None
 
             def connection_made(self, transport: asyncio.BaseTransport) -> None:
-                """Let uvicorn set up, then count the connection (or close it: over the cap)."""
-                super().connection_made(transport)  # type: ignore[arg-type]
+                """Let uvicorn set up (on a transport that joins each answer's writes),
+                then count the connection (or close it: over the cap)."""
+                loop = asyncio.get_running_loop()
+                joined = CoalescingTransport(cast(asyncio.Transport, transport), loop)
+                super().connection_made(joined)
                 peer = peer_of(transport.get_extra_info("peername"))
                 if peer is None:
                     return  # not TCP: nothing to guard by address
