@@ -11,7 +11,7 @@ import gc
 import logging
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import uvicorn
 from prometheus_client import CollectorRegistry
@@ -28,7 +28,7 @@ from modelyard.errors import (
 from modelyard.frontends.auth import Authorizer
 from modelyard.frontends.dataplane import DataPlane
 from modelyard.frontends.http.app import create_app
-from modelyard.frontends.http.server_config import ensure_descriptor_room, uvicorn_config
+from modelyard.frontends.http.server_config import uvicorn_config
 from modelyard.frontends.http.tls import uvicorn_tls_options
 from modelyard.frontends.ports import unbindable_ports
 from modelyard.manager.execute import replica_execute
@@ -46,9 +46,6 @@ from modelyard.stop_signals import SignallessServer, watch_stop_signals
 from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.inline import InlineInstance
 from modelyard.workers.instance import ModelInstance
-
-if TYPE_CHECKING:
-    from modelyard.frontends.ingress.supervisor import IngressSupervisor
 
 log = logging.getLogger("modelyard")
 
@@ -108,7 +105,6 @@ class App:
         self.dataplane = DataPlane(self.manager, self.metrics, settings.limits, self.clock)
         self._http: uvicorn.Server | None = None
         self._http_task: asyncio.Task[None] | None = None
-        self._ingress: IngressSupervisor | None = None
         self._grpc: Any = None
         self._worker_factory: WorkerFactory | None = None
         self.http_port: int | None = None
@@ -215,9 +211,6 @@ class App:
         self._worker_factory = WorkerFactory.for_runtimes(kinds, s.spare_worker_count)
         await self._worker_factory.start()
         log.info("worker memory limits: %s", self._worker_factory.memory_limit_backend)
-        # Both ports' connection caps come out of the one descriptor limit.
-        grpc_connections = s.limits.grpc_max_connections if s.grpc_port is not None else 0
-        ensure_descriptor_room(s.limits.max_connections + grpc_connections)
         limits = s.limits
         http_app = create_app(
             self.dataplane,
@@ -226,10 +219,7 @@ class App:
             self.authorizer,
             max_control_body_bytes=limits.max_control_body_bytes,
         )
-        if s.ingress_processes > 1:
-            await self._start_ingress(http_app, tls_options)
-        else:
-            await self._start_http(http_app, tls_options)
+        await self._start_http(http_app, tls_options)
         if s.grpc_port is not None:
             try:
                 await self._start_grpc(grpc_credentials)
@@ -270,7 +260,7 @@ class App:
         log.info("dashboard: %s/dashboard  metrics: %s/metrics", base, base)
 
     async def _start_http(self, http_app: Any, tls_options: dict[str, Any]) -> None:
-        """Serve REST from this process (``ingress_processes: 1``)."""
+        """Serve REST from this process (uvicorn, httptools, the guard of connections.py)."""
         s = self.settings
         assert self._worker_factory is not None
         config = uvicorn_config(http_app, s.host, s.http_port, s.limits, tls_options)
@@ -292,21 +282,6 @@ class App:
                 )
             await asyncio.sleep(0.01)
         self.http_port = self._http.servers[0].sockets[0].getsockname()[1]
-
-    async def _start_ingress(self, http_app: Any, tls_options: dict[str, Any]) -> None:
-        """Serve REST from ``ingress_processes`` processes forwarding to this one."""
-        from modelyard.frontends.ingress.supervisor import IngressSupervisor
-
-        s = self.settings
-        self._ingress = IngressSupervisor(http_app, s, tls_options, self.metrics.registry)
-        try:
-            self.http_port = await self._ingress.start()
-        except OSError as exc:
-            self._ingress = None
-            assert self._worker_factory is not None
-            await self._worker_factory.close()
-            self._worker_factory = None
-            raise StartupError(f"cannot serve HTTP on {s.host}:{s.http_port}: {exc}") from None
 
     def _grpc_credentials(self) -> Any:
         """gRPC's TLS credentials (None: plaintext); raises SecurityError naming the setting."""
@@ -372,7 +347,7 @@ class App:
         factory = self._worker_factory
         if self.dataplane.is_serving:
             server_reason = ""
-        elif self._http is None and self._ingress is None:
+        elif self._http is None:
             server_reason = "stopped"
         else:
             server_reason = "starting" if not self._started else "shutting down"
@@ -418,9 +393,6 @@ class App:
         await self.versions.close()
         await self.manager.close()
         await asyncio.gather(*self._closing_tasks, return_exceptions=True)
-        if self._ingress is not None:
-            await self._ingress.stop()
-            self._ingress = None
         if self._http is not None:
             self._http.should_exit = True
             if self._http_task is not None:

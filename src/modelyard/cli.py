@@ -35,7 +35,6 @@ def _serve(args: argparse.Namespace) -> int:
             log_format=args.log_format,
             model_control_mode=args.model_control_mode,
             exit_on_error=args.exit_on_error,
-            ingress_processes=args.ingress,
         )
     except ConfigError as exc:
         print(f"modelyard: {exc}", file=sys.stderr)
@@ -336,9 +335,6 @@ def build_parser(*, with_bench: bool = True) -> argparse.ArgumentParser:
         "--ray",
         metavar="auto|ADDRESS",
         help="run model workers as actors on a Ray cluster (docs/ray.md; the 'ray' extra)",
-    )
-    serve.add_argument(
-        "--ingress", type=int, metavar="N", help="HTTP ingress processes (default 1: in-process)"
     )
     serve.add_argument(
         "--log-level",

@@ -39,7 +39,8 @@ ROUND_TRIP = settings(FUZZ, max_examples=60)
 
 DATATYPE_NAMES = sorted(DATATYPES)
 NONFINITE_STRINGS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-"""The JSON spelling of non-finite floats (docs/decisions/0010-protocol-surface.md), restated independently."""
+"""The JSON spelling of non-finite floats (docs/decisions/0010-protocol-surface.md),
+restated independently."""
 
 json_scalars = (
     st.none()

@@ -133,7 +133,12 @@ async def test_elements_and_response_bytes_are_bounded_on_every_decoder(
 
 async def _closed_within(reader: asyncio.StreamReader, limit_s: float) -> float:
     started = time.monotonic()
-    data = await asyncio.wait_for(reader.read(), limit_s)
+    try:
+        data = await asyncio.wait_for(reader.read(), limit_s)
+    except ConnectionResetError:
+        # Closed with bytes of ours still unread (the slow client kept writing): the
+        # kernel resets instead of a clean end. Closed all the same.
+        return time.monotonic() - started
     assert data == b"", "the server answered instead of closing"
     return time.monotonic() - started
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from modelyard.config.limits import LimitsConfig
 from modelyard.config.settings import ConfigError, load_settings
-from modelyard.frontends.http.server_config import ensure_descriptor_room
+from modelyard.frontends.http.server_config import descriptors_needed, rest_connection_cap
 from tests.servers import write_config
 
 
@@ -30,7 +33,10 @@ def test_defaults_are_closed_and_bounded(tmp_path: Path) -> None:
     )
     assert remote.min_priority == 3
     assert settings.limits.header_timeout_s > 0
-    assert settings.limits.max_connections < resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    # Unset: the REST cap is derived from the file limit, within the REST port's share.
+    assert settings.limits.max_connections is None
+    cap = rest_connection_cap(settings.limits)
+    assert descriptors_needed(cap) < resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
 
 
 @pytest.mark.parametrize(
@@ -58,10 +64,27 @@ def test_the_file_limit_is_raised_for_the_cap_or_the_cap_is_warned_about(
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
         with caplog.at_level(logging.WARNING, logger="modelyard"):
-            ensure_descriptor_room(512)  # needs about 512 + 64 + 128 + 256
+            assert rest_connection_cap(LimitsConfig(max_connections=512)) == 512
             assert not caplog.records
             assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 512 + 64 + 128 + 256
-            ensure_descriptor_room(hard)  # more than the hard limit allows
+            rest_connection_cap(LimitsConfig(max_connections=hard))  # beyond the hard limit
         assert "limits.max_connections" in caplog.text
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_default_cap_follows_the_file_limit() -> None:
+    # In a child process (a hard limit once lowered cannot be raised back): with the
+    # hard limit at 1,200 the soft one cannot grow, so the cap shrinks to fit half of
+    # what is left after the server's own descriptors.
+    code = (
+        "import resource\n"
+        "from modelyard.config.limits import LimitsConfig\n"
+        "from modelyard.frontends.http.server_config import rest_connection_cap\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (1200, 1200))\n"
+        "print(rest_connection_cap(LimitsConfig()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    low = int(out.stdout)
+    assert low > 100
+    assert descriptors_needed(low) <= (1200 - 256) // 2

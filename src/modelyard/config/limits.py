@@ -48,11 +48,14 @@ class LimitsConfig(BaseModel):
     """A request body that stops arriving for this long closes its connection."""
     keep_alive_timeout_s: PositiveInt = 30
     """An idle keep-alive HTTP connection is closed after this long."""
-    max_connections: PositiveInt = 512
-    """Open HTTP connections at most. At the cap, a new connection first displaces the
-    oldest connection still waiting for its request head (a slow or silent client);
-    if every connection is busy, requests are answered 503. Keep it well under the
-    process's file limit (``ulimit -n``) so that accepting never fails."""
+    max_connections: PositiveInt | None = None
+    """Open REST connections at most (the REST port's own cap; gRPC has its own). Unset
+    (the default): derived from the process's file limit (``ulimit -n``, raised toward
+    its hard limit at start-up), half of what is left after the server's own needs going
+    to each port, so that a flood on one port cannot starve the other. At the cap, a new
+    connection first displaces the oldest connection not in a request (a slow or silent
+    client, or an idle keep-alive one); if every connection is busy, requests are
+    answered 503 and, past a small overflow, new connections are closed at once."""
     grpc_max_message_mb: float = Field(default=4.0, gt=0)
     """Largest gRPC message either way (grpcio's own default), kept below
     ``max_request_mb`` because grpcio buffers a whole message per running RPC; beyond

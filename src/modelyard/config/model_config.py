@@ -160,7 +160,8 @@ class ModelConfig(BaseModel):
     latency_slo_by_priority_s: dict[PositiveInt, float] = Field(default_factory=dict)
     """Latency objective per request priority (``{1: 0.05, 3: 0.5}``); classes it does not
     name use ``latency_slo_s``. Under overload the less important classes are shed first
-    so that the more important ones keep their objective (docs/decisions/0016-degradation-under-bursts.md)."""
+    so that the more important ones keep their objective
+    (docs/decisions/0016-degradation-under-bursts.md)."""
     early_rejection: bool = True
     """Refuse at once (HTTP 429 with Retry-After, or send to the fallback) a request whose
     estimated wait, from the queue ahead and measured service times, ends past its

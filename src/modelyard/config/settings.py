@@ -131,10 +131,6 @@ class ServerSettings(BaseSettings):
     grpc_port: int | None = Field(default=8081, ge=0, le=65535)
     """gRPC port (0 picks a free one; null disables gRPC, as do ``off`` and an empty
     value, so that ``MODELYARD_GRPC_PORT=off`` turns it off from the environment)."""
-    ingress_processes: int = Field(default=1, ge=1, le=256)
-    """Processes that accept and parse HTTP: 1 serves it in the server's own process;
-    N > 1 starts N ingress processes sharing the port, which forward every request to
-    this process (one model table, one worker pool); see docs/architecture.md."""
     model_repository: str = "."
     """Root that relative model paths are resolved against."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -224,7 +220,9 @@ class ServerSettings(BaseSettings):
     @classmethod
     def _old_names(cls, data: Any) -> Any:
         data = apply_seed_fields(data)
-        return from_old_names(data, {"max_request_bytes": ("max_request_mb", MIB)})
+        return from_old_names(
+            _without_ingress_processes(data), {"max_request_bytes": ("max_request_mb", MIB)}
+        )
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
@@ -307,6 +305,20 @@ class _FileSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         return dict(_FILE_DATA.get({}))
+
+
+def _without_ingress_processes(data: Any) -> Any:
+    """The settings without ``ingress_processes``, a removed setting: 1 (what it always
+    meant by default) is accepted and dropped; any other value is refused, saying why."""
+    if not isinstance(data, dict) or "ingress_processes" not in data:
+        return data
+    value = data["ingress_processes"]
+    if value not in (1, "1"):
+        raise ValueError(
+            f"ingress_processes: {value!r}: the setting was removed (HTTP is served by the "
+            "server process itself); to scale past one process, use Ray mode (docs/ray.md)"
+        )
+    return {k: v for k, v in data.items() if k != "ingress_processes"}
 
 
 def env_variable(loc: tuple[int | str, ...], environ: Mapping[str, str]) -> str | None:

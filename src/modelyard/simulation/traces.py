@@ -309,7 +309,7 @@ def standard_traces(seed: int = 0, n_models: int = 100, n_requests: int = 20_000
 def read_request_log(
     path: Path, *, default_runtime: str = "onnx", default_size_mib: float = 50.0
 ) -> Trace:
-    """A trace from a server's request log (JSON lines; see ``request_log`` in docs/configuration.md).
+    """A trace from a server's request log (JSON lines; ``request_log`` in the settings).
 
     Lines ``{"t": s, "model": name}`` are requests; ``{"t": s, "model": name, "event":
     "load", "bytes": n, "load_s": s}`` record a finished load: the last size becomes the

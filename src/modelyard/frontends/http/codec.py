@@ -29,6 +29,53 @@ def _parameters(value: object, where: str) -> dict[str, Any]:
     return dict(value)
 
 
+def _header_length(header_length: str, body_bytes: int) -> int:
+    """``Inference-Header-Content-Length`` checked against the body's size."""
+    try:
+        n = int(header_length)
+    except ValueError:
+        raise InvalidInputError(
+            f"Inference-Header-Content-Length must be an integer, got {header_length!r}"
+        ) from None
+    if n < 0 or n > body_bytes:
+        raise InvalidInputError(
+            f"Inference-Header-Content-Length {n} is outside the {body_bytes}-byte body"
+        )
+    return n
+
+
+def _checked_shapes(
+    raw_inputs: list[Any], max_elements: int | None
+) -> list[tuple[int, ...] | None]:
+    """Each input's declared shape, counted against ``max_elements`` before any array is
+    built (None: not counted here, ``decode_input`` checks it)."""
+    shapes: list[tuple[int, ...] | None] = [None] * len(raw_inputs)
+    if max_elements is None:
+        return shapes
+    total = 0
+    for i, spec in enumerate(raw_inputs):
+        if type(spec) is dict or isinstance(spec, Mapping):
+            name = str(spec.get("name"))
+            shape = check_shape(name, spec.get("shape"))
+            total = count_elements(name, shape, total, max_elements)
+            shapes[i] = shape  # checked: decode_input need not check it again
+    return shapes
+
+
+def _requested_outputs(raw_outputs: object) -> list[RequestedOutput] | None:
+    """The request's ``outputs`` list (None: it named none)."""
+    if raw_outputs is None:
+        return None
+    if not isinstance(raw_outputs, list):
+        raise InvalidInputError("'outputs' must be a list")
+    outputs = []
+    for o in raw_outputs:
+        if not isinstance(o, Mapping) or not isinstance(o.get("name"), str):
+            raise InvalidInputError("each entry of 'outputs' needs a string 'name'")
+        outputs.append(RequestedOutput(o["name"], _parameters(o.get("parameters"), o["name"])))
+    return outputs
+
+
 def decode_request(
     body: bytes,
     header_length: str | None,
@@ -45,16 +92,7 @@ def decode_request(
     binary: memoryview | None = None
     raw_json: bytes | memoryview = body
     if header_length is not None:
-        try:
-            n = int(header_length)
-        except ValueError:
-            raise InvalidInputError(
-                f"Inference-Header-Content-Length must be an integer, got {header_length!r}"
-            ) from None
-        if n < 0 or n > len(body):
-            raise InvalidInputError(
-                f"Inference-Header-Content-Length {n} is outside the {len(body)}-byte body"
-            )
+        n = _header_length(header_length, len(body))
         if n == 0:  # a raw binary request: the body is the single input's data
             return InferRequest(model_name, model_version, [], raw_input=bytes(body))
         view = memoryview(body)
@@ -68,15 +106,7 @@ def decode_request(
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInputError("request needs a non-empty 'inputs' list")
-    shapes: list[tuple[int, ...] | None] = [None] * len(raw_inputs)
-    if max_elements is not None:
-        total = 0
-        for i, spec in enumerate(raw_inputs):
-            if type(spec) is dict or isinstance(spec, Mapping):
-                name = str(spec.get("name"))
-                shape = check_shape(name, spec.get("shape"))
-                total = count_elements(name, shape, total, max_elements)
-                shapes[i] = shape  # checked: decode_input need not check it again
+    shapes = _checked_shapes(raw_inputs, max_elements)
     offset = 0
     inputs = []
     for spec, known in zip(raw_inputs, shapes, strict=True):
@@ -87,16 +117,7 @@ def decode_request(
             f"binary part has {len(binary) - offset} bytes not claimed by any input"
         )
     params = _parameters(doc.get("parameters"), "request")
-    outputs = None
-    raw_outputs = doc.get("outputs")
-    if raw_outputs is not None:
-        if not isinstance(raw_outputs, list):
-            raise InvalidInputError("'outputs' must be a list")
-        outputs = []
-        for o in raw_outputs:
-            if not isinstance(o, Mapping) or not isinstance(o.get("name"), str):
-                raise InvalidInputError("each entry of 'outputs' needs a string 'name'")
-            outputs.append(RequestedOutput(o["name"], _parameters(o.get("parameters"), o["name"])))
+    outputs = _requested_outputs(doc.get("outputs"))
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInputError("'id' must be a string")

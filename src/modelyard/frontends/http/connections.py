@@ -1,45 +1,50 @@
-"""HTTP connections that cannot be held hostage: a head deadline and a connection cap.
+"""HTTP connections that cannot be held hostage: a head deadline, a body idle deadline
+and a connection cap, on public interfaces only.
 
-uvicorn closes idle keep-alive connections (``timeout_keep_alive``) but has no limit
-on how long a client may take to send a request head: a connection that opens and
-says nothing, or sends a byte a minute, is kept forever. Enough of them exhaust the
-process's file descriptors, and then every good client fails. This protocol, a small
-subclass of uvicorn's httptools protocol (independent of the ASGI app), adds:
+uvicorn closes idle keep-alive connections (``timeout_keep_alive``) and answers 503 past
+``limit_concurrency``, but it has no limit on how long a client may take to send a
+request head or a body, and it accepts connections until descriptors run out. A
+:class:`ConnectionGuard` adds what it lacks from two public hooks:
 
-* a **head deadline**: from the moment a connection opens (or a new request's first
-  byte arrives on a kept-alive one), the complete request head must arrive within
+* a **protocol class** given to uvicorn through its documented ``http=`` option: a
+  subclass of uvicorn's httptools protocol that overrides only ``asyncio.Protocol``'s
+  own methods (``connection_made``, ``data_received``, ``connection_lost``), always
+  calling uvicorn's, and touches nothing of uvicorn's but the transport asyncio gives it;
+* an **ASGI middleware** (:class:`GuardLayer`, outermost): uvicorn calls the app once a
+  request head is complete, so the app call is where the head deadline ends; its
+  ``receive`` says when the body is complete; its return says when the request is over.
+  The two meet on the connection's peer address (the scope's ``client``).
+
+What is guarded:
+
+* **head deadline**: from the moment a connection opens (or a new request's first byte
+  arrives on a kept-alive one), the complete request head must arrive within
   ``header_timeout_s``, or the connection is closed;
-* a **body idle timeout**: a request whose body stops arriving for ``body_idle_timeout_s``
-  closes its connection (a timer is armed only for bodies that span several reads);
-* a **connection cap**: when a new connection takes the count over
-  ``max_connections``, the oldest connection that is not in a request (still waiting
-  for its head, or idle between keep-alive requests) is closed to make room; if every
-  connection is busy, uvicorn's own ``limit_concurrency`` answers 503, and beyond a
-  small overflow the new connection is closed at once, so descriptors never run out.
-
-It also answers infer requests on their request cycle without ASGI when the app allows
-it (see :mod:`~modelyard.frontends.http.direct`): the hot route's per-request cost. One
-read whole is answered with no uvicorn request cycle at all
-(:mod:`~modelyard.frontends.http.raw_cycle`), and its keep-alive timer is armed lazily:
-one timer per idle spell, not one per request (uvicorn arms one after every answer and
-cancels it on the next request); when it fires on a connection that answered meanwhile,
-it re-arms for the rest of the idle timeout.
+* **body idle deadline**: while the app waits for body bytes that do not come, the
+  connection is closed once ``body_idle_timeout_s`` passes without any;
+* **connection cap**: when a new connection takes the count over ``max_connections``,
+  the oldest connection not in a request (waiting for its head, or idle between
+  keep-alive requests) is closed to make room; if every connection is busy, the
+  middleware answers 503 (uvicorn's ``limit_concurrency``, set past the overflow, is a
+  backstop), and beyond a small overflow the new connection is closed at once, so
+  descriptors never run out.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from time import monotonic
+from typing import Any, cast
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from modelyard.frontends.http.direct import answer_cycle, direct_handler, direct_target
-from modelyard.frontends.http.fastpath import InferHandler
-from modelyard.frontends.http.raw_cycle import RawCycle, answer_raw
-from modelyard.frontends.http.raw_infer import PREFIX, RawInfer, parse_raw_infer
+from modelyard.frontends.http.coalesce import CoalescingTransport
 
-if TYPE_CHECKING:
-    from uvicorn._types import ASGI3Application
+_HEAD = 0
+"""Waiting for a request head (a new connection, or one between requests)."""
+_REQUEST = 1
+"""A request's app is running: no head deadline; a body deadline while it waits for bytes."""
 
 
 def overflow_connections(max_connections: int) -> int:
@@ -47,259 +52,274 @@ def overflow_connections(max_connections: int) -> int:
     return max(16, max_connections // 8)
 
 
-def guarded_protocol(
-    header_timeout_s: float, max_connections: int, body_idle_timeout_s: float = 30.0
-) -> type[asyncio.Protocol]:
-    """A protocol class for one server (its own record of connections not in a request)."""
-    hard_cap = max_connections + overflow_connections(max_connections)
-    # Connections not in a request, oldest first (dicts keep insertion order).
-    waiting: dict[GuardedHttpProtocol, None] = {}
+class _Connection:
+    """What the guard knows of one connection."""
 
-    class GuardedHttpProtocol(HttpToolsProtocol):
-        """uvicorn's httptools protocol with a head deadline and a connection cap."""
+    __slots__ = ("active", "gone", "last_data_at", "state", "task", "transport")
 
-        _head_timer: asyncio.TimerHandle | None = None
-        _body_timer: asyncio.TimerHandle | None = None
-        _last_data_at = 0.0
-        _direct_infer: InferHandler | None = None
-        _direct: tuple[RequestResponseCycle | RawCycle, asyncio.Task[None]] | None = None
-        """The infer request answered without ASGI now, and its task."""
-        _in_message = False
-        _idle_since = 0.0
-        """When the last answer was complete (the keep-alive timeout counts from it)."""
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.state = _HEAD
+        self.active = 0
+        """Requests whose app is running (more than one only when pipelined)."""
+        self.last_data_at = 0.0
+        self.task: asyncio.Task[Any] | None = None
+        """The task of the request now running (the newest, when pipelined)."""
+        self.gone = False
+        """The connection was lost while a request ran: its task was cancelled."""
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            """Count the connection, make room if over the cap, start the head deadline."""
-            super().connection_made(transport)
-            self._direct_infer = direct_handler(self.app)
-            crowded = len(self.connections) > max_connections
-            if crowded and not self._displace_one() and len(self.connections) > hard_cap:
-                transport.abort()
-                return
-            waiting[self] = None
-            self._head_timer = self.loop.call_later(header_timeout_s, self._head_too_late)
+    def close(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.close()
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            """Forget the connection and its deadlines; cancel a direct infer request."""
-            waiting.pop(self, None)
-            self._cancel_head_timer()
-            if self._body_timer is not None:
-                self._body_timer.cancel()
-                self._body_timer = None
-            super().connection_lost(exc)
-            direct, self._direct = self._direct, None
-            if direct is not None and not direct[0].response_complete:
-                # The client went: the request's work stops (it leaves its queue).
-                direct[0].disconnected = True
-                direct[0].message_event.set()
-                direct[1].cancel()
 
-        def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
-            # NOTE: overrides a private uvicorn method (the one place a request cycle is
-            # started, pipelined ones included); tests/integration pin the direct path.
-            handler = self._direct_infer
-            if handler is not None and app is self.app:
-                target = direct_target(cycle)
-                if target is not None:
-                    task = self.loop.create_task(answer_cycle(handler, cycle, *target))
-                    task.add_done_callback(self.tasks.discard)
-                    self.tasks.add(task)
-                    self._direct = (cycle, task)
-                    return
-            super()._start_asgi_task(cycle, app)
+class ConnectionGuard:
+    """The deadlines and the cap of one HTTP server (one port).
 
-        def data_received(self, data: bytes) -> None:
-            """Answer a whole infer request read at once; else feed the parser, and time a
-            head or a body that is still to come."""
-            handler = self._direct_infer
-            if handler is not None and data.startswith(PREFIX) and self._between_messages():
-                raw = parse_raw_infer(data, handler.max_request_bytes)
-                if raw is not None:
-                    self._start_raw(handler, raw)
-                    return
-            self._last_data_at = self.loop.time()
-            super().data_received(data)
-            if self in waiting:
-                # Part of a head (a whole one would have left ``waiting``): it is due
-                # within the deadline. Heads that arrive in one read never arm a timer.
-                if self._head_timer is None:
-                    self._head_timer = self.loop.call_later(header_timeout_s, self._head_too_late)
-                return
-            cycle = self.cycle
-            if (
-                self._body_timer is None
-                and cycle is not None
-                and cycle.more_body
-                and not cycle.response_complete
-            ):
-                self._body_timer = self.loop.call_later(body_idle_timeout_s, self._body_stalled)
+    Deadlines are checked by one sweep every quarter of the shorter deadline (at most
+    every second), not by a timer per request: a request pays a few dict operations.
+    """
 
-        def _between_messages(self) -> bool:
-            # What uvicorn would do with a new request now is start it: no message half
-            # parsed, none answering or queued behind one, no 503 for the concurrency cap.
-            cycle = self.cycle
-            limit = self.limit_concurrency
-            return (
-                not self._in_message
-                and (cycle is None or cycle.response_complete)
-                and not self.pipeline
-                and not self.root_path
-                and (limit is None or (len(self.connections) < limit and len(self.tasks) < limit))
-            )
+    def __init__(
+        self, header_timeout_s: float, body_idle_timeout_s: float, max_connections: int
+    ) -> None:
+        self.header_timeout_s = header_timeout_s
+        self.body_idle_timeout_s = body_idle_timeout_s
+        self.max_connections = max_connections
+        self.hard_cap = max_connections + overflow_connections(max_connections)
+        self.connections: dict[tuple[str, int], _Connection] = {}
+        """Every open connection, by peer address (the ASGI scope's ``client``)."""
+        self.idle: dict[tuple[str, int], None] = {}
+        """Connections not in a request, oldest first (dicts keep insertion order)."""
+        self.heads: dict[tuple[str, int], float] = {}
+        """Connections whose head is due, and since when (oldest first)."""
+        self.bodies: dict[_Connection, None] = {}
+        """Connections whose app waits for body bytes now."""
+        self._tick_s = max(0.02, min(1.0, header_timeout_s / 4, body_idle_timeout_s / 4))
+        self._sweeper: asyncio.TimerHandle | None = None
 
-        def _start_raw(self, handler: InferHandler, raw: RawInfer) -> None:
-            # on_message_begin, on_headers_complete and on_message_complete in one, for a
-            # request parsed by raw_infer. No scope, cycle or event (raw_cycle.py), and
-            # the keep-alive timer stays armed: it sees the connection busy if it fires.
-            waiting.pop(self, None)
-            if self._head_timer is not None:
-                self._cancel_head_timer()
-            request = RawCycle(self, raw)
-            # Read as a cycle by uvicorn's methods: RawCycle has what they read of one.
-            self.cycle = request  # type: ignore[assignment]
-            task = self.loop.create_task(answer_raw(handler, request))
-            task.add_done_callback(self.tasks.discard)
-            self.tasks.add(task)
-            self._direct = (request, task)
+    # ------------------------------------------------------------------ protocol side
 
-        def raw_error_cycle(self, request: RawCycle) -> RequestResponseCycle:
-            """The scope and request cycle ``_start_raw`` would have built, for an error
-            to be answered through uvicorn's ASGI ``send``; it takes the request's place."""
-            raw = request.raw
-            scope = {
-                "type": "http",
-                "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
-                "http_version": "1.1",
-                "server": self.server,
-                "client": self.client,
-                "scheme": self.scheme,
-                "root_path": "",
-                "headers": raw.headers,
-                "state": self.app_state.copy(),
-                "method": "POST",
-                "path": raw.path,
-                "raw_path": raw.raw_path,
-                "query_string": b"",
-            }
-            cycle = RequestResponseCycle(
-                scope=scope,  # type: ignore[arg-type]
-                transport=self.transport,
-                flow=self.flow,
-                logger=self.logger,
-                access_logger=self.access_logger,
-                access_log=self.access_log,
-                default_headers=self.server_state.default_headers,
-                message_event=asyncio.Event(),
-                expect_100_continue=False,
-                keep_alive=request.keep_alive,
-                on_response=self.on_response_complete,
-            )
-            cycle.more_body = False  # the body was read with the head
-            cycle.disconnected = request.disconnected
-            if self.cycle is request:  # type: ignore[comparison-overlap]
-                self.cycle = cycle
-            direct = self._direct
-            if direct is not None and direct[0] is request:
-                self._direct = (cycle, direct[1])
-            return cycle
+    def opened(self, peer: tuple[str, int], transport: asyncio.Transport) -> _Connection | None:
+        """Count a new connection; None when it must be closed at once (over the cap
+        with every other connection busy)."""
+        conn = _Connection(transport)
+        self.closed(peer, None)  # an address reused before its old connection was lost
+        self.connections[peer] = conn
+        crowded = len(self.connections) > self.max_connections
+        if crowded and not self._displace_one(peer) and len(self.connections) > self.hard_cap:
+            return None
+        self.idle[peer] = None
+        self._head_due(peer)
+        return conn
 
-        def raw_response_complete(self) -> None:
-            """uvicorn's ``on_response_complete`` (and ours) for a raw request answered,
-            but the keep-alive timer armed only if none is."""
-            self.server_state.total_requests += 1
-            if self.transport.is_closing():
-                return
-            flow = self.flow
-            if flow.read_paused:
-                flow.resume_reading()
-            if self.pipeline:
-                self._unset_keepalive_if_required()
-                cycle, app = self.pipeline.pop()
-                self._start_asgi_task(cycle, app)
-                return
-            self._idle_since = self.loop.time()
-            if self.timeout_keep_alive_task is None:
-                self.timeout_keep_alive_task = self.loop.call_later(
-                    self.timeout_keep_alive, self.timeout_keep_alive_handler
-                )
-            cycle = self.cycle  # a request read by httptools may be under way
-            if cycle is None or cycle.response_complete:
-                waiting[self] = None
+    def received(self, peer: tuple[str, int]) -> None:
+        """Bytes arrived: a head now under way is due within the deadline; a body's
+        bytes are progress."""
+        conn = self.connections.get(peer)
+        if conn is None:
+            return
+        if conn.state == _HEAD:
+            if peer not in self.heads:
+                self._head_due(peer)
+        else:
+            conn.last_data_at = monotonic()
 
-        def timeout_keep_alive_handler(self) -> None:
-            """Close the connection if it has been idle ``timeout_keep_alive`` since its
-            last answer; if it answered since the timer was armed, wait for the rest."""
-            self.timeout_keep_alive_task = None
-            if self.transport.is_closing():
-                return
-            cycle = self.cycle
-            if self._in_message or self.pipeline or not (cycle is None or cycle.response_complete):
-                return  # busy: the answer arms the timer again
-            idle = self.loop.time() - self._idle_since
-            if idle >= self.timeout_keep_alive:
-                self.transport.close()
-            else:
-                self.timeout_keep_alive_task = self.loop.call_later(
-                    self.timeout_keep_alive - idle, self.timeout_keep_alive_handler
-                )
+    def closed(self, peer: tuple[str, int], conn: _Connection | None) -> None:
+        """Forget the connection at ``peer`` (only if it is ``conn``, when given)."""
+        known = self.connections.get(peer)
+        if known is None or (conn is not None and known is not conn):
+            return
+        del self.connections[peer]
+        self.idle.pop(peer, None)
+        self.heads.pop(peer, None)
+        self.bodies.pop(known, None)
+        task = known.task
+        if known.active and task is not None and not task.done():
+            # The client went: its request's work stops (a queued one leaves its queue).
+            known.gone = True
+            task.cancel()
 
-        def on_message_begin(self) -> None:
-            """httptools began a message: raw reads wait for its end."""
-            self._in_message = True
-            super().on_message_begin()
+    # ------------------------------------------------------------------ app side
 
-        def on_message_complete(self) -> None:
-            """httptools ended a message: the next read may be taken raw."""
-            super().on_message_complete()
-            self._in_message = False
+    def request_started(self, peer: tuple[str, int]) -> _Connection | None:
+        """A request's head is complete (its app is called): no head deadline now."""
+        conn = self.connections.get(peer)
+        if conn is None:
+            return None
+        self.idle.pop(peer, None)
+        self.heads.pop(peer, None)
+        conn.state = _REQUEST
+        conn.active += 1
+        conn.last_data_at = monotonic()
+        return conn
 
-        def _body_stalled(self) -> None:
-            self._body_timer = None
-            cycle = self.cycle
-            if cycle is None or not cycle.more_body or cycle.response_complete:
-                return
-            idle = self.loop.time() - self._last_data_at
-            if idle >= body_idle_timeout_s:
-                self._close()
-            else:
-                self._body_timer = self.loop.call_later(
-                    body_idle_timeout_s - idle, self._body_stalled
-                )
+    def waiting_body(self, conn: _Connection, waiting: bool) -> None:
+        """The app starts (True) or stops (False) waiting for body bytes."""
+        if waiting:
+            self.bodies[conn] = None
+            self._sweep_soon()
+        else:
+            self.bodies.pop(conn, None)
 
-        def on_headers_complete(self) -> None:
-            """The head arrived in time: the connection is busy with a request."""
-            waiting.pop(self, None)
-            self._cancel_head_timer()
-            super().on_headers_complete()
+    def request_done(self, peer: tuple[str, int], conn: _Connection) -> None:
+        """The request's app returned: the connection waits for its next head."""
+        conn.active -= 1
+        if conn.active or self.connections.get(peer) is not conn or conn.transport.is_closing():
+            return  # a pipelined request runs on, or the connection is gone
+        self.bodies.pop(conn, None)
+        conn.state = _HEAD
+        self.idle[peer] = None  # the newest idle connection: displaced last
 
-        def on_response_complete(self) -> None:
-            """Idle again (keep-alive): displaceable, and uvicorn's idle timeout runs."""
-            self._idle_since = self.loop.time()
-            super().on_response_complete()
-            cycle = self.cycle  # a pipelined request may have started meanwhile
-            if not self.transport.is_closing() and (cycle is None or cycle.response_complete):
-                waiting[self] = None
+    # ------------------------------------------------------------------ deadlines
 
-        def _cancel_head_timer(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
+    def _head_due(self, peer: tuple[str, int]) -> None:
+        self.heads[peer] = monotonic()
+        self._sweep_soon()
 
-        def _head_too_late(self) -> None:
-            self._head_timer = None
-            if self in waiting:
-                self._close()
+    def _sweep_soon(self) -> None:
+        if self._sweeper is None:
+            loop = asyncio.get_running_loop()
+            self._sweeper = loop.call_later(self._tick_s, self._sweep)
 
-        def _close(self) -> None:
-            waiting.pop(self, None)
-            if not self.transport.is_closing():
-                self.transport.close()
+    def _sweep(self) -> None:
+        """Close the connections past a deadline; sweep again while any deadline runs."""
+        self._sweeper = None
+        now = monotonic()
+        cutoff = now - self.header_timeout_s
+        late: list[tuple[str, int]] = []
+        for peer, since in self.heads.items():
+            if since > cutoff:
+                break  # oldest first: the rest are due later
+            late.append(peer)
+        for peer in late:
+            del self.heads[peer]
+            self.connections[peer].close()
+        cutoff = now - self.body_idle_timeout_s
+        stalled = [conn for conn in self.bodies if conn.last_data_at <= cutoff]
+        for conn in stalled:
+            del self.bodies[conn]
+            conn.close()
+        if self.heads or self.bodies:
+            self._sweep_soon()
 
-        def _displace_one(self) -> bool:
-            for other in waiting:
-                if other is not self:
-                    other._close()
-                    return True
-            return False
+    def _displace_one(self, newcomer: tuple[str, int]) -> bool:
+        for peer in self.idle:
+            if peer != newcomer:
+                # Uncounted at once (its connection_lost comes a loop turn later), so
+                # a request that arrives meanwhile is not taken for one over the cap.
+                self.idle.pop(peer)
+                self.heads.pop(peer, None)
+                self.connections.pop(peer).close()
+                return True
+        return False
 
-    return GuardedHttpProtocol
+    def over_cap(self) -> bool:
+        """More connections than the cap: every one busy, none could be displaced."""
+        return len(self.connections) > self.max_connections
+
+    # ------------------------------------------------------------------ the two hooks
+
+    def protocol_class(self) -> type[asyncio.Protocol]:
+        """The protocol class for uvicorn's ``http=`` option, bound to this guard."""
+        guard = self
+
+        class GuardedHttpProtocol(HttpToolsProtocol):
+            """uvicorn's httptools protocol, counted and timed by the guard."""
+
+            _peer: tuple[str, int] | None = None
+            _conn: _Connection | None = None
+
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                """Let uvicorn set up (on a transport that joins each answer's writes),
+                then count the connection (or close it: over the cap)."""
+                loop = asyncio.get_running_loop()
+                joined = CoalescingTransport(cast(asyncio.Transport, transport), loop)
+                super().connection_made(joined)
+                peer = peer_of(transport.get_extra_info("peername"))
+                if peer is None:
+                    return  # not TCP: nothing to guard by address
+                self._peer = peer
+                # uvloop's transports are not asyncio.Transport subclasses, alike in use.
+                stream = cast(asyncio.Transport, transport)
+                self._conn = guard.opened(peer, stream)
+                if self._conn is None:
+                    stream.abort()
+
+            def data_received(self, data: bytes) -> None:
+                """Time the head or the body these bytes belong to, then parse them."""
+                if self._peer is not None:
+                    guard.received(self._peer)
+                super().data_received(data)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                """Forget the connection, then let uvicorn clean up."""
+                if self._peer is not None:
+                    guard.closed(self._peer, self._conn)
+                super().connection_lost(exc)
+
+        return GuardedHttpProtocol
+
+
+def peer_of(address: Any) -> tuple[str, int] | None:
+    """A TCP peer address as uvicorn writes the scope's ``client`` (None: not TCP)."""
+    if isinstance(address, (tuple, list)) and len(address) >= 2:
+        return str(address[0]), int(address[1])
+    return None
+
+
+async def _service_unavailable(send: Send) -> None:
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": b"Service Unavailable"})
+
+
+class GuardLayer:
+    """ASGI middleware, outermost: tells the guard when each request's head is complete,
+    when its app waits for body bytes, and when it is over; the request's task is
+    cancelled if its connection is lost before then (its work stops, a queued request
+    leaves its queue), which costs a request nothing while its client stays."""
+
+    def __init__(self, guard: ConnectionGuard, app: ASGIApp) -> None:
+        self.guard = guard
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app with the connection marked busy, its body reads timed."""
+        peer = scope.get("client") if scope["type"] == "http" else None
+        if peer is not None and type(peer) is not tuple:
+            peer = peer_of(peer)  # uvicorn's is already the tuple the protocol keys by
+        conn = None if peer is None else self.guard.request_started(peer)
+        if peer is None or conn is None:
+            await self.app(scope, receive, send)
+            return
+        guard = self.guard
+        if guard.over_cap():
+            await _service_unavailable(send)
+            guard.request_done(peer, conn)
+            return
+        body_done = False
+
+        async def timed_receive() -> Message:
+            nonlocal body_done
+            if body_done:
+                return await receive()
+            guard.waiting_body(conn, True)
+            try:
+                message = await receive()
+            finally:
+                guard.waiting_body(conn, False)
+            conn.last_data_at = monotonic()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        task = conn.task = asyncio.current_task()
+        try:
+            await self.app(scope, timed_receive, send)
+        except asyncio.CancelledError:
+            if not conn.gone or task is None:
+                raise  # the server is stopping: not the client's doing
+            task.uncancel()  # the client went: nobody to answer
+        finally:
+            guard.request_done(peer, conn)

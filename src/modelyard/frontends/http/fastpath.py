@@ -19,6 +19,7 @@ from modelyard.frontends.dataplane import SERVED_BY, DataPlane
 from modelyard.frontends.http.bodies import read_body
 from modelyard.frontends.http.codec import decode_request, encode_response
 from modelyard.frontends.http.errors import answer_error
+from modelyard.frontends.http.offload import OFFLOAD_FROM_BYTES, gate
 from modelyard.protocol.types import earliest, header_timeout_s
 
 _WATCH_AFTER_S = 0.002
@@ -112,18 +113,11 @@ class InferHandler:
         await send({"type": "http.response.body", "body": payload})
 
     async def answer(
-        self,
-        scope: Scope,
-        receive: Receive,
-        model: str,
-        version: str | None,
-        *,
-        watch_disconnect: bool = True,
+        self, scope: Scope, receive: Receive, model: str, version: str | None
     ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
         """The 200 answer's body and headers (``content-length`` first); raises the error
-        to answer otherwise. ``watch_disconnect=False``: the caller cancels the work itself
-        when the client goes (the direct cycle does, from ``connection_lost``)."""
-        header_length = timeout_ms = None
+        to answer otherwise."""
+        header_length = timeout_ms = encoding = None
         declared = -1
         for key, value in scope["headers"]:
             if key == b"inference-header-content-length":
@@ -132,24 +126,13 @@ class InferHandler:
                 timeout_ms = value.decode("latin-1")
             elif key == b"content-length" and value.isdigit():
                 declared = int(value)
-        body = await read_body(receive, self.max_request_bytes, declared)
-        return await self.answer_body(
-            model, version, body, header_length, timeout_ms, receive if watch_disconnect else None
-        )
-
-    async def answer_body(
-        self,
-        model: str,
-        version: str | None,
-        body: bytes,
-        header_length: str | None,
-        timeout_ms: str | None,
-        receive: Receive | None = None,
-    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-        """:meth:`answer` for a body already read (the raw route of
-        :mod:`~modelyard.frontends.http.raw_infer` reads it with the head)."""
+            elif key == b"content-encoding":
+                encoding = value
+        peer = scope.get("client")
+        client = peer[0] if peer else None
+        body = await read_body(receive, self.max_request_bytes, declared, encoding, client)
         payload, header_len, served_by = await self.infer_body(
-            model, version, body, header_length, timeout_ms, receive
+            model, version, body, header_length, timeout_ms, client
         )
         headers = [(b"content-length", str(len(payload)).encode())]
         if header_len is None:
@@ -168,16 +151,21 @@ class InferHandler:
         body: bytes,
         header_length: str | None,
         timeout_ms: str | None,
-        receive: Receive | None,
+        client: str | None = None,
     ) -> tuple[bytes, int | None, str | None]:
-        """Decode, infer (cancelled if the client disconnects: watched on ``receive``
-        unless None), encode: the response body, for binary outputs the JSON header's
-        length, and the fallback model that answered (None: the requested one did)."""
-        req = decode_request(body, header_length, model, version, self.dp.max_request_elements)
+        """Decode (off the event loop for a big body, within ``client``'s share), infer
+        (cancelled if the client disconnects: by the connection guard, see
+        :class:`~modelyard.frontends.http.connections.GuardLayer`), encode: the response
+        body, for binary outputs the JSON header's length, and the fallback model that
+        answered (None: the requested one did)."""
+        args = (body, header_length, model, version, self.dp.max_request_elements)
+        if len(body) < OFFLOAD_FROM_BYTES:  # most bodies: decoded here, no await
+            req = decode_request(*args)
+        else:
+            req = await gate().run(client, decode_request, *args)
         if timeout_ms is not None:
             req.timeout_s = earliest(req.timeout_s, header_timeout_s(timeout_ms))
-        work = self.dp.infer(req)
-        resp = await (work if receive is None else unless_disconnected(receive, work))
+        resp = await self.dp.infer(req)
         payload, header_len = encode_response(resp, req)
         if len(payload) > self.dp.max_response_bytes:
             self.dp.check_response_bytes(len(payload))
@@ -196,10 +184,6 @@ class InferFastPath:
     def __init__(self, infer: InferHandler, fallback: ASGIApp) -> None:
         self.infer = infer
         self.fallback = fallback
-        self.direct_infer: InferHandler | None = infer
-        """The handler the HTTP protocol may call without ASGI for infer requests (see
-        :mod:`~modelyard.frontends.http.direct`): this app is outermost, so no layer is
-        skipped by doing so."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Route: the infer fast path, or the fallback app."""

@@ -24,12 +24,11 @@ from starlette.types import Receive, Scope, Send
 
 from modelyard.errors import InternalError, ServerError
 from modelyard.frontends.dataplane import DataPlane
-from modelyard.frontends.http.bodies import declared_length, json_response, read_body
+from modelyard.frontends.http.bodies import json_response, read_json
 from modelyard.frontends.http.errors import guarded
 from modelyard.frontends.http.fastpath import unless_disconnected
 from modelyard.frontends.http.openai_errors import openai_error_response
 from modelyard.frontends.openai_plane import GenerateBody, OpenAIPlane
-from modelyard.protocol.documents import json_object
 from modelyard.protocol.openai import (
     ChatCompletionBody,
     CompletionBody,
@@ -120,8 +119,7 @@ class OpenAIApi:
         self.max_request_bytes = max_request_bytes
 
     async def _body(self, request: Request) -> dict[str, object]:
-        body = await read_body(request.receive, self.max_request_bytes, declared_length(request))
-        return json_object(body, allow_empty=False)
+        return await read_json(request, self.max_request_bytes, allow_empty=False)
 
     @staticmethod
     def _timeout_s(request: Request) -> float | None:

@@ -1,8 +1,7 @@
-"""The uvicorn set-up of a REST server, shared by the single process and each ingress."""
+"""The uvicorn set-up of the REST server: documented options and public hooks only."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import resource
 from typing import Any
@@ -11,13 +10,10 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from modelyard.config.limits import LimitsConfig
-from modelyard.frontends.http.connections import guarded_protocol, overflow_connections
+from modelyard.frontends.descriptors import SPARE_DESCRIPTORS, port_share
+from modelyard.frontends.http.connections import ConnectionGuard, GuardLayer, overflow_connections
 
 log = logging.getLogger("modelyard")
-
-# Descriptors the server needs besides client connections: listening sockets, the
-# workers' socket pairs and shared-memory regions, log files, the gRPC core.
-_SPARE_DESCRIPTORS = 256
 
 
 def accept_batch(max_connections: int) -> int:
@@ -26,31 +22,40 @@ def accept_batch(max_connections: int) -> int:
     Connections over the cap are closed only after they are accepted, so one batch must
     fit in the descriptors left above the cap (uvicorn's default of 2,048 would not).
     """
-    return max(64, min(2048, max_connections // 4))
+    return max(16, min(2048, max_connections // 4))
 
 
-def ensure_descriptor_room(max_connections: int) -> None:
-    """Raise the soft file limit to what the connection cap needs, or warn if it cannot."""
-    needed = (
-        max_connections
-        + overflow_connections(max_connections)
-        + accept_batch(max_connections)
-        + _SPARE_DESCRIPTORS
-    )
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft >= needed:
-        return
-    raised = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
-    if raised > soft:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-            log.info("raised the soft file limit from %d to %d", soft, raised)
-            soft = raised
-    if soft < needed:
+def descriptors_needed(max_connections: int) -> int:
+    """Descriptors the REST port can hold at once with this cap (overflow and one
+    accepted batch included)."""
+    return max_connections + overflow_connections(max_connections) + accept_batch(max_connections)
+
+
+def rest_connection_cap(limits: LimitsConfig) -> int:
+    """``limits.max_connections``, or by default the most connections whose descriptors
+    fit in the REST port's share of the file limit
+    (:func:`~modelyard.frontends.descriptors.port_share`)."""
+    if limits.max_connections is not None:
+        _warn_if_short(limits.max_connections)
+        return limits.max_connections
+    share = port_share()
+    cap = max(16, share * 8 // 11)  # the cap, its overflow (1/8) and a batch (1/4)
+    while cap > 16 and descriptors_needed(cap) > share:
+        cap -= 1
+    return cap
+
+
+def _warn_if_short(max_connections: int) -> None:
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    needed = descriptors_needed(max_connections) + SPARE_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        port_share()  # raises the soft limit when the hard one allows
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY and soft < needed:
         log.warning(
             "the file limit (ulimit -n) is %d but limits.max_connections=%d needs about %d; "
-            "lower limits.max_connections or raise the limit, or accepting connections "
-            "can fail for every client",
+            "lower limits.max_connections (or leave it unset: derived from the limit) or "
+            "raise the limit, or accepting connections can fail for every client",
             soft,
             max_connections,
             needed,
@@ -61,18 +66,19 @@ def uvicorn_config(
     app: ASGIApp, host: str, port: int, limits: LimitsConfig, tls_options: dict[str, Any]
 ) -> uvicorn.Config:
     """uvicorn's configuration for ``app`` under ``limits`` (and TLS when given)."""
+    cap = rest_connection_cap(limits)
+    guard = ConnectionGuard(limits.header_timeout_s, limits.body_idle_timeout_s, cap)
     return uvicorn.Config(
-        app,
+        GuardLayer(guard, app),
         host=host,
         port=port,
         loop="none",
-        # httptools, plus a deadline for request heads and a connection cap.
-        http=guarded_protocol(
-            limits.header_timeout_s, limits.max_connections, limits.body_idle_timeout_s
-        ),
-        # Counted with the connection being answered: 503 once over the cap.
-        limit_concurrency=limits.max_connections + 1,
-        backlog=accept_batch(limits.max_connections),
+        # httptools, counted and timed by the guard (connections.py).
+        http=guard.protocol_class(),
+        # The guard answers 503 past the cap from its own count (uvicorn's also counts
+        # displaced connections until their connection_lost): uvicorn's is a backstop.
+        limit_concurrency=cap + overflow_connections(cap) + 1,
+        backlog=accept_batch(cap),
         lifespan="off",
         log_level="warning",
         access_log=False,
