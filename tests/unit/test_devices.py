@@ -50,7 +50,13 @@ def test_settings_refuse_overlapping_core_sets_and_unknown_devices() -> None:
             models=[ModelConfig(name="m", path="m", devices=["cuda:0", "cpu"])],
         )
     with pytest.raises(ValueError, match="not both"):
-        ModelConfig(name="m", path="m", device="cpu", devices=["cpu:0"])
+        ModelConfig.model_validate(
+            {"name": "m", "path": "m", "device": "cpu", "devices": ["cpu:0"]}
+        )
+    # The older spelling of one device loads as the list.
+    one = ModelConfig.model_validate({"name": "m", "path": "m", "device": "cpu:1"})
+    assert one.devices == ["cpu:1"]
+    assert one.allowed_devices == ["cpu:1"]
     with pytest.raises(ValueError, match="min"):
         ModelConfig(name="m", path="m", replicas={"min": 3, "max": 2})
     auto = ModelConfig(name="m", path="m", devices="auto")

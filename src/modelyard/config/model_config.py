@@ -127,6 +127,18 @@ _OLD_NAMES: dict[str, OldName] = {
 """Older names of ModelConfig fields (other units), still accepted."""
 
 
+def _one_device(data: Any) -> Any:
+    """``device: X`` (the older spelling of one device) as ``devices: [X]``."""
+    if not isinstance(data, dict) or "device" not in data:
+        return data
+    data = dict(data)
+    device = data.pop("device")
+    if "devices" in data and data["devices"] != [device]:
+        raise ValueError("set 'device' or 'devices', not both ('device' is the older spelling)")
+    data["devices"] = [device]
+    return data
+
+
 class ModelConfig(BaseModel):
     """Configuration of one model, as written under ``models:`` in the YAML file."""
 
@@ -216,13 +228,12 @@ class ModelConfig(BaseModel):
     only: the kernel's THP mode decides (docs/seeds.md)."""
     intra_op_threads: PositiveInt = 1
     """Threads one inference may use (ONNX Runtime intra-op)."""
-    device: str = Field(default="cpu", pattern=DEVICE_NAME_PATTERN)
-    """The one device the model may use (shorthand for ``devices: [<device>]``)."""
-    devices: list[str] | Literal["auto"] | None = None
+    devices: list[str] | Literal["auto"] = Field(default_factory=lambda: ["cpu"])
     """Devices the model may be placed on, in order of preference (``[cuda:0, cpu]``),
     or ``auto`` (any configured device). Each load and each replica goes to the allowed
     device where it fits at the lowest cost; a CUDA device that is missing is skipped
-    only when the list goes on to another device, never silently replaced."""
+    only when the list goes on to another device, never silently replaced. The older
+    spelling ``device: cuda:0`` (one device) still loads, as ``devices: [cuda:0]``."""
     replicas: ReplicasConfig = Field(default_factory=ReplicasConfig)
     """Workers of one version serving at once (``{min, max}``) and when to scale."""
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
@@ -252,7 +263,7 @@ class ModelConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _old_names(cls, data: Any) -> Any:
-        return from_old_names(data, _OLD_NAMES)
+        return from_old_names(_one_device(data), _OLD_NAMES)
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
@@ -285,14 +296,15 @@ class ModelConfig(BaseModel):
                 raise ValueError(f"'devices': {name!r} is not a device name")
         if len(set(devices)) != len(devices):
             raise ValueError("'devices' names a device twice")
-        if "device" in self.model_fields_set and [self.device] != devices:
-            raise ValueError("set 'device' or 'devices', not both")
 
     @property
     def allowed_devices(self) -> list[str] | None:
         """The devices this model may use in order of preference; None for ``auto``."""
         if self.devices == AUTO:
             return None
-        if isinstance(self.devices, list):
-            return list(self.devices)
-        return [self.device]
+        return list(self.devices)
+
+    @property
+    def device(self) -> str:
+        """The device the model prefers: the first of ``devices`` (``cpu`` for ``auto``)."""
+        return "cpu" if self.devices == AUTO else self.devices[0]
