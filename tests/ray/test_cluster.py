@@ -169,8 +169,13 @@ async def test_node_killed_under_load(cluster: LocalCluster, add_root: Path) -> 
         in_flight_error = re.compile(r"model '[^']+': its worker on b/")
         lost_in_flight = [body for _, body in failed if in_flight_error.match(body["error"])]
         assert lost_in_flight == [], lost_in_flight
-        assert set(not_ready_seen) == set(on_b)
         events = [(e.kind, e.model, e.message) for e in app.manager.events.recent(200)]
+        # Only b's models stopped being ready, and each of them did: seen by the readiness
+        # poll, or, when its restart on a spare actor of a live node came back within one
+        # poll, in the event log ("crashed" puts it back to LOADING).
+        crashed = {name for kind, name, _ in events if kind == "crashed"}
+        assert set(not_ready_seen) <= set(on_b)
+        assert set(on_b) <= set(not_ready_seen) | crashed, (not_ready_seen, crashed)
         assert ("node_lost", "(cluster)", "node b was lost") in events
         moved = {name for kind, name, _ in events if kind == "moved"}
         assert moved <= set(on_b), [e for e in events if e[1] != "add-1"]
