@@ -146,7 +146,7 @@ class App:
             max_batch_elements=self.settings.limits.max_request_elements,
         )
 
-        execute = replica_execute(record, holder, self.clock, self._ready_again)
+        execute = replica_execute(record, holder, self.clock)
         metrics_hook = self.metrics.batch_hook(record.key.name, record.key.version)
 
         def on_batch(rows: int, queue_waits_s: list[float], compute_s: float) -> None:
@@ -167,10 +167,6 @@ class App:
         scheduler.breaker.on_change = breaker_changed
         await scheduler.start()
         return scheduler
-
-    async def _ready_again(self, record: ModelRecord, deadline: float) -> object:
-        # A batch whose node was lost waits for the model's restart on a live node.
-        return await self.manager.ensure_ready(record, deadline=deadline)
 
     def _on_unloaded(self, record: ModelRecord) -> None:
         scheduler, record.scheduler = record.scheduler, None

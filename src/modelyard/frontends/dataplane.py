@@ -22,6 +22,7 @@ from modelyard.errors import (
     ModelNotReadyError,
     PayloadTooLargeError,
     ServerError,
+    WorkerLostError,
 )
 from modelyard.frontends.classification import LabelCache
 from modelyard.frontends.generation import Generation, context_length
@@ -332,7 +333,14 @@ class DataPlane:
     ) -> InferResponse:
         """:meth:`_run_on`, counted in the version's statistics (success or failure)."""
         try:
-            response, batched = await self._run_on(record, request, started)
+            try:
+                response, batched = await self._run_on(record, request, started)
+            except WorkerLostError:
+                # Its worker was lost under it (Ray: its node or actor died), so it got no
+                # answer: it is routed once more, and the router waits for the restart
+                # within the request's deadline (not the scheduler, whose estimates would
+                # then count the restart as a call's time).
+                response, batched = await self._run_on(record, request, started)
         except ServerError:
             record.infer_stats.failed(self.clock.monotonic() - started)
             raise

@@ -5,26 +5,14 @@ A batch whose worker died (``WorkerCrashedError``) or is already gone never prod
 answer, so running it once on another live replica of the same version is safe and
 costs the clients nothing; with no sibling the error stands, as it always did. A request
 that itself kills its worker is thereby tried on one sibling too (never more).
-
-A batch whose worker was lost under it (``WorkerLostError``, Ray mode: its node or its
-actor died) with no live sibling waits, within its deadline, for the model to restart,
-on a live node (``recover``), and runs there once: the same single retry a sibling
-gives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import numpy as np
 
 from modelyard.clock import Clock
-from modelyard.errors import (
-    DeadlineExceededError,
-    ModelNotReadyError,
-    WorkerCrashedError,
-    WorkerLostError,
-)
+from modelyard.errors import DeadlineExceededError, ModelNotReadyError, WorkerCrashedError
 from modelyard.manager.records import ModelRecord, Replica
 from modelyard.scheduling.dispatcher import Execute
 
@@ -41,15 +29,8 @@ def live_sibling(record: ModelRecord, failed: Holder) -> Holder | None:
     return min(live, key=lambda h: h.in_flight, default=None)
 
 
-Recover = Callable[[ModelRecord, float], Awaitable[object]]
-"""Waits until the version is ready again, within a deadline (the manager's ensure_ready)."""
-
-
-def replica_execute(
-    record: ModelRecord, holder: Holder, clock: Clock, recover: Recover | None = None
-) -> Execute:
-    """The ``execute`` of ``holder``'s scheduler (``holder`` is ``record`` or its replica);
-    ``recover``: what a batch whose node was lost waits for before it runs again."""
+def replica_execute(record: ModelRecord, holder: Holder, clock: Clock) -> Execute:
+    """The ``execute`` of ``holder``'s scheduler (``holder`` is ``record`` or its replica)."""
 
     async def run_on(
         target: Holder, batch: dict[str, np.ndarray], deadline: float
@@ -81,13 +62,10 @@ def replica_execute(
                 return await instance.infer(batch, remaining)
             finally:
                 holder.in_flight -= 1
-        except (WorkerCrashedError, ModelNotReadyError) as exc:
+        except (WorkerCrashedError, ModelNotReadyError):
             sibling = live_sibling(record, holder)
-            if sibling is not None:
-                return await run_on(sibling, batch, deadline)
-            if recover is None or not isinstance(exc, WorkerLostError):
+            if sibling is None:
                 raise
-            await recover(record, deadline)
-            return await run_on(record, batch, deadline)
+            return await run_on(sibling, batch, deadline)
 
     return execute
