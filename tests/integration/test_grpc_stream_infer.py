@@ -77,7 +77,9 @@ async def test_tokens_stream_and_ordinary_models_answer_once(llm_root: Path) -> 
         assert r.status_code == 200, r.text
         whole = r.json()["text_output"]
 
-        sampling = {"max_tokens": N_TOKENS, "temperature": 0.0}
+        # An int: the tritonclient that installs beside protobuf 7 (2.41) sends bool, int
+        # and str parameters only; the server reads any number for temperature.
+        sampling = {"max_tokens": N_TOKENS, "temperature": 0}
         generate: dict[str, Any] = {"model_name": "llama-a", "inputs": _text_request()}
         generate |= {"parameters": sampling, "request_id": "g1"}
         results = await asyncio.to_thread(_stream_until_final, app.grpc_port, generate)
