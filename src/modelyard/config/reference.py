@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from modelyard.config.settings import ServerSettings
+from modelyard.config.settings import LOADER_FIELDS, ServerSettings
 
 _INTRO = """\
 # Configuration reference
@@ -120,6 +120,8 @@ def _section(path: str, model: type[BaseModel], out: list[str], seen: set[str]) 
     out += ["| field | type | default | what it does |", "|---|---|---|---|"]
     nested: list[tuple[str, type[BaseModel]]] = []
     for name, info in model.model_fields.items():
+        if model is ServerSettings and name in LOADER_FIELDS:
+            continue  # set by the loader, refused in the file: not a setting
         out.append(
             f"| `{name}` | {_type_name(info.annotation)} | {_default(info)} "
             f"| {_one_line(docs.get(name, ''))} |"
