@@ -62,7 +62,7 @@ from modelyard.workers.messages import ErrorInfo
 from modelyard.workers.ray_actor import ActorLoaded, ModelActor
 from modelyard.workers.ray_cluster import RayCluster
 from modelyard.workers.ray_generation import GenerativeActor, GenerativeLoaded
-from modelyard.workers.streams import generation_job
+from modelyard.workers.streams import generate_chunk, generation_job
 
 __all__ = ["RayInstance"]
 
@@ -262,14 +262,7 @@ class RayInstance:
                     finished = True
                     raise rebuild_error(item)
                 finished = item.finish_reason is not None
-                yield GenerateChunk(
-                    text=item.text,
-                    token_ids=item.token_ids,
-                    finish_reason=item.finish_reason,
-                    prompt_tokens=item.prompt_tokens,
-                    completion_tokens=item.completion_tokens,
-                    logprobs=item.logprobs,
-                )
+                yield generate_chunk(item)
         finally:
             if not finished and self.is_alive:
                 # The consumer left before the end: free the actor's sequence now.

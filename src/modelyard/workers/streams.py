@@ -67,6 +67,18 @@ def generation_job(seq: int, request: GenerateRequest) -> GenerationJob:
     )
 
 
+def generate_chunk(chunk: Chunk) -> GenerateChunk:
+    """A worker's ``Chunk`` message as the server's :class:`GenerateChunk`."""
+    return GenerateChunk(
+        text=chunk.text,
+        token_ids=chunk.token_ids,
+        finish_reason=chunk.finish_reason,
+        prompt_tokens=chunk.prompt_tokens,
+        completion_tokens=chunk.completion_tokens,
+        logprobs=chunk.logprobs,
+    )
+
+
 class GenerationStreams:
     """The open generation streams and counter queries of one worker."""
 
@@ -132,14 +144,7 @@ class GenerationStreams:
                     finished = True
                     raise item
                 finished = item.finish_reason is not None
-                yield GenerateChunk(
-                    text=item.text,
-                    token_ids=item.token_ids,
-                    finish_reason=item.finish_reason,
-                    prompt_tokens=item.prompt_tokens,
-                    completion_tokens=item.completion_tokens,
-                    logprobs=item.logprobs,
-                )
+                yield generate_chunk(item)
                 # The consumer is back for more, so it has handled the first chunk (as far
                 # as its own consumers go before asking again): work waiting for the gate
                 # then does not start while the first chunk is still on its way out.
