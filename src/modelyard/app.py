@@ -41,6 +41,7 @@ from modelyard.manager.versions import VersionController
 from modelyard.observability.health import HealthView
 from modelyard.observability.metrics import Metrics
 from modelyard.scheduling.config import SchedulerConfig
+from modelyard.scheduling.generation_scheduler import GenerationLimits, GenerationScheduler
 from modelyard.scheduling.scheduler import ModelScheduler
 from modelyard.stop_signals import SignallessServer, watch_stop_signals
 from modelyard.workers.factory import WorkerFactory
@@ -130,10 +131,44 @@ class App:
     async def _on_ready(self, record: ModelRecord) -> None:
         if record.scheduler is not None:
             return
-        record.scheduler = await self._make_scheduler(record, None)
+        await self._attach_schedulers(record, record.first)
 
     async def _on_replica_ready(self, record: ModelRecord, replica: Replica) -> None:
-        replica.scheduler = await self._make_scheduler(record, replica)
+        await self._attach_schedulers(record, replica)
+
+    async def _attach_schedulers(self, record: ModelRecord, replica: Replica) -> None:
+        """Give a replica whose worker is ready its scheduler(s): the tensor one and, for
+        a generative model, a generation scheduler sharing its breaker."""
+        scheduler = await self._make_scheduler(record, None if replica is record.first else replica)
+        replica.scheduler = scheduler
+        if record.config.is_generative:
+            replica.generation = await self._make_generation(record, replica, scheduler)
+
+    async def _make_generation(
+        self, record: ModelRecord, replica: Replica, scheduler: ModelScheduler
+    ) -> GenerationScheduler:
+        cfg = record.config
+        gen = cfg.generation
+        limits = GenerationLimits(
+            slots=gen.parallel,
+            max_queue_size=cfg.max_queue_size,
+            default_priority=cfg.priority,
+            preempt=gen.preempt,
+            brownout_max_tokens=gen.brownout_max_tokens,
+            brownout_queue_depth=gen.brownout_queue_depth,
+        )
+        metrics, name = self.metrics, record.key.name
+        generation = GenerationScheduler(
+            str(record.key) if replica is record.first else str(replica.key),
+            limits,
+            replica.generate,
+            breaker=scheduler.breaker,
+            clock=self.clock,
+            on_preempted=lambda: metrics.preempted(name),
+            on_brownout=lambda: metrics.brownout(name),
+        )
+        await generation.start()
+        return generation
 
     async def _make_scheduler(self, record: ModelRecord, replica: Replica | None) -> ModelScheduler:
         """The scheduler of one replica (``None``: the version's first, the record itself)."""
@@ -169,15 +204,13 @@ class App:
         return scheduler
 
     def _on_unloaded(self, record: ModelRecord) -> None:
-        scheduler, record.scheduler = record.scheduler, None
-        self._close_scheduler(scheduler)
+        self._close_schedulers(record.first)
 
     def _on_replica_stopped(self, replica: Replica) -> None:
-        scheduler, replica.scheduler = replica.scheduler, None
-        self._close_scheduler(scheduler)
+        self._close_schedulers(replica)
 
-    def _close_scheduler(self, scheduler: ModelScheduler | None) -> None:
-        if scheduler is not None:
+    def _close_schedulers(self, replica: Replica) -> None:
+        for scheduler in replica.detach():
             task = asyncio.ensure_future(scheduler.close())
             self._closing_tasks.add(task)
             task.add_done_callback(self._closing_tasks.discard)

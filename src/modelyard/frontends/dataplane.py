@@ -25,7 +25,7 @@ from modelyard.errors import (
     WorkerLostError,
 )
 from modelyard.frontends.classification import LabelCache
-from modelyard.frontends.generation import Generation, context_length
+from modelyard.frontends.generation import Generation
 from modelyard.frontends.model_views import listed_versions, model_statistics, repository_rows
 from modelyard.frontends.tensor_checks import request_rows, select_outputs, validate_inputs
 from modelyard.frontends.triton_config import triton_config
@@ -35,6 +35,7 @@ from modelyard.manager.fallback import (
     fallback_reason,
     tensor_mismatch,
 )
+from modelyard.manager.generation_service import GenerationService, context_length
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.router import Router, check_client_timeout
@@ -118,8 +119,10 @@ class DataPlane:
         """Largest encoded response; the front ends check it after encoding."""
         self.is_serving = False
         """Set by the app once start-up finished; cleared when shutdown starts."""
+        self.generation_service = GenerationService(manager, self.router)
+        """The manager's generation verbs: route, lease a replica, its scheduler."""
         self.generation = Generation(
-            manager, self.router, metrics, self.clock, self.check_response_bytes
+            self.generation_service, metrics, self.clock, self.check_response_bytes
         )
         """Text generation for generative models (``llama_cpp``, ``transformers``)."""
         self.generation.is_serving = self.ready
@@ -437,7 +440,9 @@ class DataPlane:
     ) -> GenerationCounters:
         """The worker's own counters of a loaded generative model (tokens generated,
         active sequences, KV-cache bytes); ModelNotReadyError when it is not loaded."""
-        return await self.generation.counters(name, version)
+        return await self.generation_service.counters(
+            check_model_name(name), check_version_name(version)
+        )
 
     # ------------------------------------------------------------------ repository
 

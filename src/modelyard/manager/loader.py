@@ -32,6 +32,7 @@ from modelyard.manager.placement import Placer
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.registry import ModelRegistry
 from modelyard.manager.relocate import leave_lost_device, relocate
+from modelyard.manager.replica import first_replica_state
 from modelyard.manager.start_request import start_request
 from modelyard.manager.states import ModelState, can_transition
 from modelyard.manager.tasks import TaskOwner
@@ -112,6 +113,8 @@ class Loader:
         record.state = state
         record.reason = reason
         record.state_since = self._clock.monotonic()
+        record.first.state = first_replica_state(state)
+        record.first.device = record.device
 
     async def ensure_ready(
         self, record: ModelRecord, *, deadline: float | None, cold_start: bool = True

@@ -340,10 +340,7 @@ class ModelManager:
             self._loader.set_state(record, ModelState.DRAINING, reason)
             if record.replicas:
                 await self.scaler.stop_all(record, reason)
-            if record.scheduler is not None:
-                await record.scheduler.drain()
-            while record.in_flight > 0:
-                await asyncio.sleep(0.005)
+            await record.first.drain()
         if record.replicas:  # replicas of a model that failed or is already draining
             await self.scaler.stop_all(record, reason)
         if record.state is ModelState.DRAINING:

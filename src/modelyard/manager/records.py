@@ -6,114 +6,35 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modelyard.config.model_config import ModelConfig
 from modelyard.manager.infer_stats import InferStats
+from modelyard.manager.keys import Holder, ModelKey, ReplicaKey
+from modelyard.manager.replica import Replica, ReplicaState
 from modelyard.manager.retry import LoadBackoff
 from modelyard.manager.states import ModelState
 
 if TYPE_CHECKING:
     from modelyard.manager.offload import OffloadPlan
+    from modelyard.scheduling.generation_scheduler import GenerationScheduler
     from modelyard.scheduling.scheduler import ModelScheduler
     from modelyard.workers.instance import InstanceInfo, ModelInstance
 
-
-@dataclass(frozen=True, slots=True, order=True)
-class ModelKey:
-    """A model version: ``(name, version)``; ``"name:version"`` only at the edges."""
-
-    name: str
-    version: str
-    _hash: int = field(init=False, repr=False, compare=False)
-    """Computed once: every request hashes its key several times (LRU, demand, policy)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.name, self.version)))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __reduce__(self) -> tuple[type[ModelKey], tuple[str, str]]:
-        # Rebuilt from its fields: a string's hash differs from one process to the next.
-        return (ModelKey, (self.name, self.version))
-
-    def __str__(self) -> str:
-        return f"{self.name}:{self.version}"
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class ReplicaKey:
-    """An extra replica of a model version: its own worker and its own reservation.
-
-    The first replica of a version is the :class:`ModelRecord` itself (its reservation is
-    held under the :class:`ModelKey`); extra ones, started by scale-out or ``replicas.min``,
-    are numbered from 1.
-    """
-
-    name: str
-    version: str
-    index: int
-
-    @property
-    def model(self) -> ModelKey:
-        """The version this replica serves."""
-        return ModelKey(self.name, self.version)
-
-    def __str__(self) -> str:
-        return f"{self.name}:{self.version}#{self.index}"
-
-
-Holder = ModelKey | ReplicaKey
-"""Who holds a reservation on a device: a version's first replica, or an extra replica."""
-
-
-class ReplicaState(Enum):
-    """Where an extra replica is in its short life."""
-
-    STARTING = "starting"
-    READY = "ready"
-    DRAINING = "draining"
-    """Stopping: scaled in, evicted, its worker died, or its model is unloading."""
-
-
-@dataclass(eq=False)
-class Replica:
-    """An extra replica of a version: a worker on one device with its own scheduler."""
-
-    key: ReplicaKey
-    device: str
-    state: ReplicaState = ReplicaState.STARTING
-    instance: ModelInstance | None = None
-    info: InstanceInfo | None = None
-    scheduler: ModelScheduler | None = None
-    reserved_bytes: int = 0
-    measured_bytes: int | None = None
-    in_flight: int = 0
-    """Batches running on its instance now."""
-    leases: int = 0
-    """Requests routed to it that have not finished."""
-    last_busy: float = 0.0
-    """When it last had a request routed to it or outstanding (manager's clock)."""
-
-    @property
-    def is_ready(self) -> bool:
-        """True when it can take requests now."""
-        return (
-            self.state is ReplicaState.READY
-            and self.instance is not None
-            and self.instance.is_alive
-            and self.scheduler is not None
-            and self.scheduler.is_accepting
-        )
-
-    @property
-    def pending(self) -> int:
-        """Requests queued, running or routed to it."""
-        queued = self.scheduler.pending if self.scheduler is not None else 0
-        return max(queued, self.in_flight, self.leases)
+__all__ = [
+    "DEFAULT_ALIAS",
+    "AliasRoute",
+    "Holder",
+    "LoadTimings",
+    "ModelEntry",
+    "ModelKey",
+    "ModelRecord",
+    "ModelStats",
+    "Replica",
+    "ReplicaKey",
+    "ReplicaState",
+]
 
 
 @dataclass
@@ -161,9 +82,6 @@ class ModelRecord:
     path: Path
     state: ModelState = ModelState.UNLOADED
     reason: str = ""
-    instance: ModelInstance | None = None
-    info: InstanceInfo | None = None
-    scheduler: ModelScheduler | None = None
     load_task: asyncio.Task[None] | None = None
     requests_awaiting_load: int = 0
     """Requests waiting for the load in progress (not preloads or explicit loads): one of
@@ -174,8 +92,6 @@ class ModelRecord:
     stats: ModelStats = field(default_factory=ModelStats)
     infer_stats: InferStats = field(default_factory=InferStats)
     """Triton-shaped inference statistics (``GET /v2/models/{m}/stats``)."""
-    in_flight: int = 0
-    """Batches running on the instance now."""
     leases: int = 0
     """Requests routed to this version that have not finished yet (queued or not)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -192,8 +108,6 @@ class ModelRecord:
     empty until the first placement)."""
     replicas: list[Replica] = field(default_factory=list)
     """Extra replicas (scale-out), each its own worker; empty for most models."""
-    route_leases: int = 0
-    """Requests routed to the first replica itself (not to an extra one)."""
     busy_since: float | None = None
     """Since when the model's queues have stayed above the scale-out target (None: not)."""
     queue_wait_s: float = 0.0
@@ -210,10 +124,71 @@ class ModelRecord:
     """The instance serving on its admission reservation whose measured footprint is not
     committed yet (``manager/footprints.py``); None once it is, or when none is pending."""
 
+    first: Replica = field(init=False, repr=False)
+    """The version's first replica: its worker, its scheduler(s), its leases (the
+    loader starts, restarts and stops it; extra replicas are in ``replicas``)."""
+
     def __post_init__(self) -> None:
         if not self.device:
             allowed = self.config.allowed_devices
             self.device = allowed[0] if allowed else ""
+        self.first = Replica(ReplicaKey(self.key.name, self.key.version, 0), self.device)
+
+    # The first replica's parts, read and written through the record as before.
+
+    @property
+    def instance(self) -> ModelInstance | None:
+        """The first replica's worker instance (None: not loaded)."""
+        return self.first.instance
+
+    @instance.setter
+    def instance(self, value: ModelInstance | None) -> None:
+        self.first.instance = value
+
+    @property
+    def info(self) -> InstanceInfo | None:
+        """What the first replica's worker reported when it loaded."""
+        return self.first.info
+
+    @info.setter
+    def info(self, value: InstanceInfo | None) -> None:
+        self.first.info = value
+
+    @property
+    def scheduler(self) -> ModelScheduler | None:
+        """The first replica's tensor scheduler."""
+        return self.first.scheduler
+
+    @scheduler.setter
+    def scheduler(self, value: ModelScheduler | None) -> None:
+        self.first.scheduler = value
+
+    @property
+    def generation(self) -> GenerationScheduler | None:
+        """The first replica's generation scheduler (generative models)."""
+        return self.first.generation
+
+    @property
+    def in_flight(self) -> int:
+        """Batches running on the first replica's instance now."""
+        return self.first.in_flight
+
+    @in_flight.setter
+    def in_flight(self, value: int) -> None:
+        self.first.in_flight = value
+
+    @property
+    def route_leases(self) -> int:
+        """Requests routed to the first replica itself (not to an extra one)."""
+        return self.first.leases
+
+    @route_leases.setter
+    def route_leases(self, value: int) -> None:
+        self.first.leases = value
+
+    def serving(self) -> list[Replica]:
+        """Every replica of this version, the first first."""
+        return [self.first, *self.replicas]
 
     @property
     def is_ready(self) -> bool:
@@ -227,15 +202,21 @@ class ModelRecord:
     @property
     def pending(self) -> int:
         """Requests queued or running for this version (on any of its replicas)."""
-        queued = self.scheduler.pending if self.scheduler is not None else 0
-        queued += sum(r.scheduler.pending for r in self.replicas if r.scheduler is not None)
-        return max(queued, self.in_flight, self.leases)
+        first = self.first
+        queued = first.scheduler.pending if first.scheduler is not None else 0
+        if first.generation is not None:
+            queued += first.generation.pending
+        for r in self.replicas:
+            if r.scheduler is not None:
+                queued += r.scheduler.pending
+            if r.generation is not None:
+                queued += r.generation.pending
+        return max(queued, first.in_flight, self.leases)
 
     @property
     def pending_on_self(self) -> int:
         """Requests queued, running or routed on the first replica alone."""
-        queued = self.scheduler.pending if self.scheduler is not None else 0
-        return max(queued, self.in_flight, self.route_leases)
+        return self.first.pending
 
 
 @dataclass(frozen=True, slots=True)

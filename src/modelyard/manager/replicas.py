@@ -215,11 +215,8 @@ class ReplicaScaler:
 
     async def _stop(self, record: ModelRecord, replica: Replica, why: str) -> None:
         replica.state = ReplicaState.DRAINING
-        if replica.scheduler is not None:
-            # Queued requests finish first (on a sibling if this worker is gone).
-            await replica.scheduler.drain()
-        while replica.in_flight > 0:
-            await asyncio.sleep(0.005)
+        # Queued requests finish first (on a sibling if this worker is gone).
+        await replica.drain()
         instance, replica.instance = replica.instance, None
         try:
             if self.on_stopped is not None:

@@ -24,11 +24,14 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 
 from modelyard.clock import Clock
-from modelyard.errors import InvalidInputError, ModelNotReadyError
+from modelyard.errors import ModelNotReadyError
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord, Replica
+from modelyard.protocol.types import check_client_timeout
 from modelyard.scheduling.scheduler import ModelScheduler
 from modelyard.workers.instance import InstanceInfo
+
+__all__ = ["ROUTE_ATTEMPTS", "Route", "Router", "check_client_timeout"]
 
 ROUTE_ATTEMPTS = 3
 """How often one request is routed again after its version left between routing and queueing."""
@@ -48,12 +51,11 @@ class Route:
     """On the router's clock: the model's ``timeout_s`` from the request's start,
     extended by the time spent waiting for a load, never past the client's deadline."""
 
-
-def check_client_timeout(timeout_s: float | None) -> float | None:
-    """A request's own timeout, refused unless positive (None: the client set none)."""
-    if timeout_s is not None and timeout_s <= 0:
-        raise InvalidInputError("'timeout' must be positive")
-    return timeout_s
+    @property
+    def target(self) -> Replica:
+        """The replica the request runs on (the leased one; the version's first when
+        ``replica`` is None)."""
+        return self.record.first if self.replica is None else self.replica
 
 
 class Router:

@@ -145,6 +145,32 @@ def brownout_header(capped_to: int) -> str:
     return f"max_tokens={capped_to}"
 
 
+@dataclass(frozen=True, slots=True)
+class GenerationTarget:
+    """The model version a generation request resolved to, as the front ends see it."""
+
+    name: str
+    version: str
+    """A concrete version (an alias or the default resolved once, here)."""
+    runtime: str
+    generative: bool
+    context_length: int | None
+    """Tokens per sequence (the worker's figure once loaded, else the file's header)."""
+
+
+def check_max_tokens(request: GenerateRequest, n_ctx: int | None, model: str) -> None:
+    """Refuse a ``max_tokens`` that alone fills the context of ``n_ctx`` tokens per
+    sequence (the worker checks prompt + ``max_tokens`` once the prompt is tokenized;
+    this one is refused before any queueing)."""
+    wanted = request.sampling.max_tokens
+    if n_ctx is not None and wanted is not None and wanted >= n_ctx:
+        raise InvalidInputError(
+            f"max_tokens {wanted} + a prompt of at least 1 token > the context of "
+            f"{n_ctx} tokens per sequence of model {model!r}: ask for at most "
+            f"{n_ctx - 1} new tokens"
+        )
+
+
 MAX_PROMPT_CHARS = 128 * 1024
 """Longest prompt (or all messages together) one request may send, in characters."""
 MAX_STOP_STRINGS = 16

@@ -29,6 +29,13 @@ def header_timeout_s(value: str | bytes) -> float:
     return ms / 1000.0
 
 
+def check_client_timeout(timeout_s: float | None) -> float | None:
+    """A request's own timeout, refused unless positive (None: the client set none)."""
+    if timeout_s is not None and timeout_s <= 0:
+        raise InvalidInputError("'timeout' must be positive")
+    return timeout_s
+
+
 def priority_param(value: object, what: str = "parameter 'priority'") -> int | None:
     """A request's ``priority`` (1 is the highest; None: not given), as every route reads it.
 
