@@ -256,8 +256,8 @@ class GenerationScheduler:
                     if chunk.finish_reason is not None:
                         return
             finally:
-                outcome.running = False
                 await _aclose(stream)  # early: cancels generation in the worker
+            outcome.running = False  # preempted: waiting for its slot again
             if self.on_preempted is not None:
                 self.on_preempted()
             await self.gate.pause(ticket, end if outcome.first else deadline)
