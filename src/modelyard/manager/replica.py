@@ -84,7 +84,7 @@ class Replica:
     last_busy: float = 0.0
     """When it last had a request routed to it or outstanding (manager's clock)."""
     streams: int = 0
-    """Generation streams run on it since it started (the router's spread, observable)."""
+    """Generation streams routed to it since it started (the router's spread, observable)."""
 
     @property
     def is_ready(self) -> bool:
