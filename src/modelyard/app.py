@@ -140,9 +140,10 @@ class App:
         """Give a replica whose worker is ready its scheduler(s): the tensor one and, for
         a generative model, a generation scheduler sharing its breaker."""
         scheduler = await self._make_scheduler(record, None if replica is record.first else replica)
-        replica.scheduler = scheduler
         if record.config.is_generative:
+            # Both before either is seen: the router takes a replica whose scheduler runs.
             replica.generation = await self._make_generation(record, replica, scheduler)
+        replica.scheduler = scheduler
 
     async def _make_generation(
         self, record: ModelRecord, replica: Replica, scheduler: ModelScheduler
