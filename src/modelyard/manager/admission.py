@@ -21,6 +21,7 @@ from functools import partial
 
 from modelyard.clock import Clock
 from modelyard.errors import DeadlineExceededError, MemoryBudgetError
+from modelyard.manager.adapters import bases_in_use
 from modelyard.manager.budget import MemoryBudget, SharedFile
 from modelyard.manager.eviction import (
     DemandTracker,
@@ -140,6 +141,8 @@ class Admission:
         file (always mapped), none on a GPU (offloaded layers are the worker's copies; the
         host's part is charged apart, see ``manager/offload.py``)."""
         cfg = record.config
+        if cfg.base is not None:  # an adapter: the base's worker maps, the base charged
+            return []
         if cfg.runtime == "llama_cpp":
             # On a GPU, or repacked: the worker's own copies, charged as private bytes.
             if (device or record.device).startswith("cuda:") or cfg.generation.weights != "mapped":
@@ -156,12 +159,16 @@ class Admission:
         self, loader: ModelRecord, *, loading: bool = False, device: str | None = None
     ) -> list[ModelRecord]:
         """Models ``loader`` may evict on ``device`` (default: its own): READY ones (or, with
-        ``loading``, those on the way, or serving before their footprint is committed)."""
+        ``loading``, those on the way, or serving before their footprint is committed);
+        never a base that resident adapters use."""
         device = device or loader.device
+        # A base serving adapters stays until they have gone (manager/adapters.py).
+        in_use = bases_in_use(self.records())
         return [
             r
             for r in self.records()
             if r is not loader
+            and r.key.name not in in_use
             and r.device == device
             and (r.state is ModelState.READY and r.footprint_pending is None) is not loading
             and (r.state in RESIDENT and r.state is not ModelState.DRAINING)

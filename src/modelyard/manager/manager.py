@@ -20,6 +20,7 @@ from modelyard.clock import Clock, MonotonicClock
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import ServerSettings
 from modelyard.errors import ModelStateConflictError, NotSupportedError, ServerError
+from modelyard.manager.adapters import adapters_using
 from modelyard.manager.admission import Admission
 from modelyard.manager.anticipation import Anticipation
 from modelyard.manager.budget import MemoryBudget, SharedFile
@@ -335,6 +336,11 @@ class ModelManager:
             done.set()
 
     async def _drain_and_stop(self, record: ModelRecord, *, reason: str) -> None:
+        # A base's adapters run in its worker: they go first, each releasing its own.
+        adapters = adapters_using(record, self.records())
+        if adapters:
+            why = f"its base {record.key} is unloading ({reason})"
+            await asyncio.gather(*(self._unload(a, reason=why) for a in adapters))
         instance = record.instance
         if record.state is ModelState.READY:
             self._loader.set_state(record, ModelState.DRAINING, reason)

@@ -1,0 +1,38 @@
+"""LoRA adapters over a base model: which records are adapters, and of which base.
+
+An adapter (``base:`` in its config) is served inside its base's worker
+(``workers/adapter_instance.py``), so the manager keeps three rules here:
+
+* loading an adapter loads its base first (if it is not resident), as the one load of
+  the weights; the adapter is placed on the base's device;
+* a base that a resident adapter uses is never an eviction candidate (its adapters,
+  each with its own reservation, are, and once they have gone the base is too);
+* unloading a base (on request, on removal, at shutdown) unloads its adapters first,
+  each releasing its own reservation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from modelyard.manager.records import ModelRecord
+from modelyard.manager.states import RESIDENT, ModelState
+
+_USING = RESIDENT | {ModelState.UNLOADING}
+"""An adapter in these states holds a context in its base's worker (or is loading one)."""
+
+
+def is_adapter(record: ModelRecord) -> bool:
+    """True for a LoRA adapter over another model."""
+    return record.config.base is not None
+
+
+def adapters_using(base: ModelRecord, records: Iterable[ModelRecord]) -> list[ModelRecord]:
+    """The adapters among ``records`` that hold (or are loading) a context over ``base``."""
+    name = base.key.name
+    return [r for r in records if r.config.base == name and r.state in _USING]
+
+
+def bases_in_use(records: Iterable[ModelRecord]) -> set[str]:
+    """The names of the models that resident (or loading) adapters among ``records`` use."""
+    return {r.config.base for r in records if r.config.base is not None and r.state in _USING}
