@@ -2,19 +2,27 @@
 
 Run from the repository root (the ``llm`` and ``bench`` extras installed)::
 
-    .venv/bin/python bench/bench_lora.py                  # 20 adapters, ~2 minutes
+    .venv/bin/python bench/bench_lora.py                  # 20 adapters, ~1 minute
     .venv/bin/python bench/bench_lora.py --adapters 5 --shape small
 
 A random-weight llama GGUF (``--shape``, default the example's "medium", about 250 MB)
 and ``--adapters`` random LoRA adapters for it (rank 8 on attention and feed-forward,
 ``modelyard.examples.gguf_lora``) are written at run time. One modelyard server serves
-the base and every adapter (``base:`` in the YAML), each loaded by one request.
+the base and every adapter (``base:`` in the YAML); each adapter is a context inside
+the base's worker process.
 
-* **Memory**: the summed PSS of the server's workers (the base file's pages counted once
-  among its mappers, as PSS divides shared pages) against ``base file + N x (adapter file
-  + KV cache)``, and the budget's reservation against the same sum.
-* **Switch**: the first token of a request that must load its model (unloaded first),
-  an adapter against the base itself, medians over ``--rounds``, same run.
+* **Switch**: a request that must load its model, interleaved per round: the base
+  itself (unloaded first, which unloads its adapters too) with its file in the page
+  cache and with it dropped, then an adapter over the resident base (its tensors read
+  and a context created in the base's worker). Two levels: the server's load
+  (``last_load.total_s``) and the request's first token (which adds the prompt's
+  decode, the same for both). Medians over ``--rounds``, same run.
+* **Memory**: with every adapter loaded, the summed PSS of the server's workers (one
+  process: the base's) against ``base file + N x (adapter file + KV cache) + the base's
+  own KV cache``; the difference is the overhead, split into the worker's fixed part
+  (its PSS with the base alone, less the file and the base's KV cache) and the part per
+  adapter (the growth per adapter less its file and its KV cache: llama.cpp's compute
+  buffers of its context). The budget's reservation against the same sum.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import psutil
 
 from modelyard.examples.gguf_llama import SHAPES, write_llama_gguf
 from modelyard.examples.gguf_lora import write_lora_gguf
+from modelyard.repository import page_cache
 
 N_CTX = 512
 MIB = 1024 * 1024
@@ -90,22 +99,38 @@ def main() -> None:
         cfg = _server.write_config(root, models, budget_mb=16384)
         with _server.Server(cfg, root / "server.log") as server:
             client = server.client
-            for name in ["base", *names]:
+            first_token_s(client, "base")
+            time.sleep(1.0)  # footprint committed
+            base_pss, _ = workers_pss(server.pid)
+            kinds = ("base_warm", "base_cold", "adapter")
+            ttft: dict[str, list[float]] = {k: [] for k in kinds}
+            load: dict[str, list[float]] = {k: [] for k in kinds}
+            for r in range(args.rounds):
+                # Unloading the base takes its adapters with it. The base is loaded with
+                # its file in the page cache, then with it dropped (read from disk by the
+                # first decode); an adapter is loaded over the resident base, once the
+                # base's load has settled (its footprint measured).
+                for kind in ("base_warm", "base_cold"):
+                    server.post("/v2/repository/models/base/unload")
+                    if kind == "base_cold":
+                        page_cache.drop(base)
+                    ttft[kind].append(first_token_s(client, "base"))
+                    load[kind].append(server.committed_stats("base")["last_load"]["total_s"])
+                name = names[r % len(names)]
+                ttft["adapter"].append(first_token_s(client, name))
+                load["adapter"].append(server.committed_stats(name)["last_load"]["total_s"])
+            for name in names:
                 first_token_s(client, name)
             time.sleep(1.0)  # footprints committed
-            kv = int(server.committed_stats(names[0])["worker"].get("kv_cache_bytes", 0))
+            stats = server.committed_stats(names[0])
+            kv = int(stats["worker"].get("kv_cache_bytes", 0))
             pss, workers = workers_pss(server.pid)
             budget = client.get("/v2/stats").json()
             reserved = sum(m["reserved_bytes"] for m in budget["models"])
-            switches: dict[str, list[float]] = {"base": [], "adapter": []}
-            for r in range(args.rounds):
-                for kind, name in (("base", "base"), ("adapter", names[r % len(names)])):
-                    server.post(f"/v2/repository/models/{name}/unload")
-                    switches[kind].append(first_token_s(client, name))
     n = args.adapters
     # The base itself is served too: its own KV cache is in the workers' memory.
     expected = base_bytes + adapter_bytes + (n + 1) * kv
-    result = {
+    result: dict[str, Any] = {
         "adapters": n,
         "shape": args.shape,
         "base_file_mib": base_bytes / MIB,
@@ -114,17 +139,27 @@ def main() -> None:
         "workers": workers,
         "workers_pss_mib": pss / MIB,
         "base_plus_n_adapter_and_context_mib": expected / MIB,
-        "overhead_per_worker_mib": (pss - expected) / (n + 1) / MIB,
+        "overhead_mib": (pss - expected) / MIB,
+        "base_worker_alone_pss_mib": base_pss / MIB,
+        "fixed_overhead_mib": (base_pss - base_bytes - kv) / MIB,
+        "overhead_per_adapter_mib": ((pss - base_pss) - adapter_bytes - n * kv) / n / MIB,
         "reserved_mib": reserved / MIB,
-        "switch_base_ms": statistics.median(switches["base"]) * 1000,
-        "switch_adapter_ms": statistics.median(switches["adapter"]) * 1000,
     }
+    result["rounds_ms"] = {
+        f"{level}_{kind}": [round(x * 1000, 1) for x in series[kind]]
+        for level, series in (("load", load), ("ttft", ttft))
+        for kind in series
+    }
+    for kind in ("base_warm", "base_cold", "adapter"):
+        result[f"ttft_{kind}_ms"] = statistics.median(ttft[kind]) * 1000
+        result[f"load_{kind}_ms"] = statistics.median(load[kind]) * 1000
     out = _server.write_results("lora", {"environment": _server.environment(), **result})
     for key, value in result.items():
         print(f"{key}: {value:.2f}" if isinstance(value, float) else f"{key}: {value}")
-    print(
-        f"adapter switch / base load: {result['switch_adapter_ms'] / result['switch_base_ms']:.2f}"
-    )
+    for level in ("load", "ttft"):
+        for base_kind in ("base_warm", "base_cold"):
+            ratio = result[f"{level}_adapter_ms"] / result[f"{level}_{base_kind}_ms"]
+            print(f"adapter switch / {base_kind.replace('_', ' ')} load ({level}): {ratio:.2f}")
     print(f"results: {out}")
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import time
 import traceback
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from modelyard.errors import ErrorCode
-from modelyard.runtimes.base import RuntimeSpec
+from modelyard.runtimes.base import RuntimeSpec, find_model_file
 from modelyard.runtimes.generation import GenerationSink, GenerativeRuntime
+from modelyard.workers.huge_pages import trim_heap
 from modelyard.workers.messages import (
     AdapterAttached,
     AdapterDetached,
@@ -80,8 +82,11 @@ class AdapterContexts:
         runtime.start(self._sink)
         self._adapters[name] = runtime
         st = runtime.stats()
+        # The heap may have reused memory a detached adapter freed: the growth is then
+        # less than what the adapter holds, never less than its tensors and KV cache.
+        held = max(grown, _file_bytes(msg.spec) + st.kv_cache_bytes)
         return AdapterAttached(
-            msg.seq, load_s, st.context_length, st.parallel, st.kv_cache_bytes, grown
+            msg.seq, load_s, st.context_length, st.parallel, st.kv_cache_bytes, held
         )
 
     def detach(self, msg: DetachAdapter) -> AdapterDetached:
@@ -91,12 +96,21 @@ class AdapterContexts:
             return AdapterDetached(msg.seq, 0)
         before = resident_anon_bytes()
         runtime.close()
+        trim_heap()  # the freed buffers go back to the system, not to the heap's free lists
         return AdapterDetached(msg.seq, max(0, before - resident_anon_bytes() - DRIFT_BYTES))
 
     def close_all(self) -> None:
         """Close every adapter's runtime (before the model they share is freed)."""
         for name in list(self._adapters):
             self.detach(DetachAdapter(0, name))
+
+
+def _file_bytes(spec: RuntimeSpec) -> int:
+    """The size of the adapter's file (its tensors are read into memory)."""
+    try:
+        return find_model_file(Path(spec.version_dir), (".gguf",), spec.model_file).stat().st_size
+    except (OSError, ValueError):
+        return 0
 
 
 def _failed(seq: int, message: str) -> Failed:

@@ -71,9 +71,11 @@ class AdapterInstance:
             inputs=[],
             outputs=[],
             supports_batching=False,
-            # What the attach added to the worker, and its KV cache whole (its pages are
-            # resident only once sequences fill it, as a worker's own is charged).
-            footprint_bytes=attached.private_bytes + attached.kv_cache_bytes,
+            # What the attach added to the worker: the adapter's tensors and the
+            # context's KV cache (llama.cpp clears it as it creates it: resident at
+            # once). Its compute buffers become resident at its first decode (a few MiB,
+            # measured in bench/bench_lora.py), the per-context overhead.
+            footprint_bytes=max(attached.private_bytes, attached.kv_cache_bytes),
             process_start_s=0.0,
             load_s=attached.load_s,
             warmup_s=0.0,
