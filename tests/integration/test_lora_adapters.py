@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from modelyard.app import App
@@ -137,9 +138,7 @@ async def test_adapters_run_in_the_base_worker_as_separate_contexts_would(
             assert ids == expected[name], name
 
 
-def _children() -> list[object]:
-    import psutil
-
+def _children() -> list[psutil.Process]:
     return list(psutil.Process(os.getpid()).children(recursive=True))
 
 
