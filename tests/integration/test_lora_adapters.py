@@ -226,3 +226,22 @@ async def test_a_bad_adapter_is_a_typed_load_error_and_the_base_serves_on(
         assert await _completion(client, "llama-a") == before
         assert _pid(app, "llama-a") == pid
         await _completion(client, "lora-1")
+
+
+async def test_adapters_come_back_with_their_base_after_its_worker_dies(lora_root: Path) -> None:
+    from tests.polling import wait_until
+
+    async with running_server(_config(lora_root)) as (app, client):
+        before = {m: await _completion(client, m) for m in ("llama-a", "lora-1")}
+        pid = _pid(app, "llama-a")
+        assert pid is not None
+        os.kill(pid, 9)  # the fault: the base's worker is killed
+
+        def back() -> bool:
+            records = [_record(app, m) for m in ("llama-a", "lora-1")]
+            # Both ready (each with a live instance) before their pids are read.
+            return all(r.is_ready for r in records) and _pid(app, "llama-a") != pid
+
+        await wait_until(back, timeout_s=30)
+        assert _pid(app, "lora-1") == _pid(app, "llama-a")
+        assert {m: await _completion(client, m) for m in before} == before
