@@ -336,14 +336,16 @@ class ModelManager:
             done.set()
 
     async def _drain_and_stop(self, record: ModelRecord, *, reason: str) -> None:
+        instance = record.instance
+        was_ready = record.state is ModelState.READY
+        if was_ready:  # no adapter attaches to it from now on (its load waits)
+            self._loader.set_state(record, ModelState.DRAINING, reason)
         # A base's adapters run in its worker: they go first, each releasing its own.
         adapters = adapters_using(record, self.records())
         if adapters:
             why = f"its base {record.key} is unloading ({reason})"
             await asyncio.gather(*(self._unload(a, reason=why) for a in adapters))
-        instance = record.instance
-        if record.state is ModelState.READY:
-            self._loader.set_state(record, ModelState.DRAINING, reason)
+        if was_ready:
             if record.replicas:
                 await self.scaler.stop_all(record, reason)
             if record.scheduler is not None:
