@@ -253,3 +253,28 @@ async def test_adapters_come_back_with_their_base_after_its_worker_dies(lora_roo
         await wait_until(back, timeout_s=30)
         assert _pid(app, "lora-1") == _pid(app, "llama-a")
         assert {m: await _completion(client, m) for m in before} == before
+
+
+async def test_memory_pressure_takes_the_adapters_before_their_base(lora_root: Path) -> None:
+    # llama-b declares nearly the whole budget: its load must evict the base and both
+    # adapters; the adapters go first, and the base only once none uses it.
+    models = [llm_model("llama-a"), llm_model("llama-b", memory_mb=240)]
+    models += [llm_model(n, base="llama-a") for n in ADAPTERS]
+    config = write_config(lora_root, models, devices=[{"name": "cpu", "memory_budget_mb": 256}])
+    async with running_server(config) as (app, client):
+        for model in ("llama-a", *ADAPTERS):
+            await _completion(client, model)
+        await settled(app)
+        await _completion(client, "llama-b")
+        await settled(app)
+        assert _record(app, "llama-b").is_ready
+        gone = [_record(app, m) for m in ("llama-a", *ADAPTERS)]
+        assert all(r.state is ModelState.UNLOADED for r in gone)
+        events = list(reversed(app.manager.events.recent()))  # oldest first
+        unloaded = [e.model for e in events if e.kind == "unloaded"]
+        assert set(unloaded) == {"llama-a", *ADAPTERS}
+        assert unloaded[-1] == "llama-a"  # after both of its adapters
+        dev = app.manager.budget.device("cpu")
+        b = _record(app, "llama-b")
+        assert set(dev.reservations) == {b.key}
+        assert dev.reserved_bytes <= dev.budget_bytes

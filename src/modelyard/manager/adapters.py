@@ -5,8 +5,10 @@ An adapter (``base:`` in its config) is served inside its base's worker
 
 * loading an adapter loads its base first (if it is not resident), as the one load of
   the weights; the adapter is placed on the base's device;
-* a base that a resident adapter uses is never an eviction candidate (its adapters,
-  each with its own reservation, are, and once they have gone the base is too);
+* a base that a resident adapter uses is never evicted before it: its adapters are
+  candidates on their own (each with its own reservation); the base is one only when
+  every adapter using it is a candidate too, and then comes after all of them (an
+  eviction that needs the base's room takes its adapters first);
 * unloading a base (on request, on removal, at shutdown) unloads its adapters first,
   each releasing its own reservation.
 """
@@ -36,3 +38,21 @@ def adapters_using(base: ModelRecord, records: Iterable[ModelRecord]) -> list[Mo
 def bases_in_use(records: Iterable[ModelRecord]) -> set[str]:
     """The names of the models that resident (or loading) adapters among ``records`` use."""
     return {r.config.base for r in records if r.config.base is not None and r.state in _USING}
+
+
+def adapters_first(
+    candidates: list[ModelRecord], records: Iterable[ModelRecord]
+) -> tuple[list[ModelRecord], list[ModelRecord]]:
+    """``(others, bases)``: eviction ``candidates`` less the bases resident adapters use,
+    and those bases whose every such adapter is among the candidates (to be taken
+    after them, never before; a base with an adapter that may not go stays)."""
+    records = list(records)
+    in_use = bases_in_use(records)
+    others = [r for r in candidates if r.key.name not in in_use]
+    chosen = {id(r) for r in others}
+    bases = [
+        r
+        for r in candidates
+        if r.key.name in in_use and all(id(a) in chosen for a in adapters_using(r, records))
+    ]
+    return others, bases
