@@ -153,13 +153,21 @@ def main() -> None:
     for kind in ("base_warm", "base_cold", "adapter"):
         result[f"ttft_{kind}_ms"] = statistics.median(ttft[kind]) * 1000
         result[f"load_{kind}_ms"] = statistics.median(load[kind]) * 1000
-    out = _server.write_results("lora", {"environment": _server.environment(), **result})
     for key, value in result.items():
         print(f"{key}: {value:.2f}" if isinstance(value, float) else f"{key}: {value}")
-    for level in ("load", "ttft"):
+    for level, series in (("load", load), ("ttft", ttft)):
         for base_kind in ("base_warm", "base_cold"):
             ratio = result[f"{level}_adapter_ms"] / result[f"{level}_{base_kind}_ms"]
-            print(f"adapter switch / {base_kind.replace('_', ' ')} load ({level}): {ratio:.2f}")
+            # Each round's adapter against the same round's base: less of the machine's
+            # drift than a ratio of medians.
+            pairs = [a / b for a, b in zip(series["adapter"], series[base_kind], strict=True)]
+            paired = statistics.median(pairs)
+            result[f"{level}_adapter_over_{base_kind}_paired"] = paired
+            print(
+                f"adapter switch / {base_kind.replace('_', ' ')} load ({level}): {ratio:.2f} "
+                f"(median of per-round ratios {paired:.2f})"
+            )
+    out = _server.write_results("lora", {"environment": _server.environment(), **result})
     print(f"results: {out}")
 
 
