@@ -4,12 +4,14 @@ Run from the repository root (the ``llm`` and ``bench`` extras installed)::
 
     .venv/bin/python bench/bench_lora.py                  # 20 adapters, ~1 minute
     .venv/bin/python bench/bench_lora.py --adapters 5 --shape small
+    .venv/bin/python bench/bench_lora.py --size 7b --adapters 2 --rounds 3 --no-cold
 
 A random-weight llama GGUF (``--shape``, default the example's "medium", about 250 MB)
-and ``--adapters`` random LoRA adapters for it (rank 8 on attention and feed-forward,
-``modelyard.examples.gguf_lora``) are written at run time. One modelyard server serves
-the base and every adapter (``base:`` in the YAML); each adapter is a context inside
-the base's worker process.
+and ``--adapters`` random LoRA adapters for it (rank 8 on attention and feed-forward, F16
+unless ``--adapter-type f32``, ``modelyard.examples.gguf_lora``) are written at run
+time (``--size``: a real model's shape, ``bench/write_llama_sizes.py``). One modelyard
+server serves the base and every adapter (``base:`` in the YAML); each adapter is a
+context inside the base's worker process.
 
 * **Switch**: a request that must load its model, interleaved per round: the base
   itself (unloaded first, which unloads its adapters too) with its file in the page
@@ -36,8 +38,9 @@ from typing import Any
 import _server
 import httpx
 import psutil
+import write_llama_sizes
 
-from modelyard.examples.gguf_llama import SHAPES, write_llama_gguf
+from modelyard.examples.gguf_llama import SHAPES, LlamaShape, write_llama_gguf
 from modelyard.examples.gguf_lora import write_lora_gguf
 from modelyard.repository import page_cache
 
@@ -71,21 +74,43 @@ def workers_pss(pid: int) -> tuple[int, int]:
     return total, count
 
 
+def write_base(path: Path, shape_name: str, size: str | None) -> tuple[Path, LlamaShape]:
+    """The base model's file and the shape its adapters are made for: an example shape
+    (F16), or with ``size`` a real model's (Q4_0, ``write_llama_sizes.py``)."""
+    if size is None:
+        shape = SHAPES[shape_name]
+        return write_llama_gguf(path, shape, seed=1), shape
+    path.parent.mkdir(parents=True, exist_ok=True)
+    s = write_llama_sizes.SIZES[size]
+    shape = LlamaShape(s.layers, s.width, s.feed_forward, s.heads, s.kv_heads, s.context)
+    return write_llama_sizes.write(s, path, seed=1), shape
+
+
 def main() -> None:
     """Write the files, serve them, measure, print and save."""
     parser = _server.arg_parser(__doc__)
     parser.add_argument("--adapters", type=int, default=20)
     parser.add_argument("--shape", default="medium", choices=sorted(SHAPES))
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--size",
+        choices=sorted(write_llama_sizes.SIZES),
+        help="a real model's shape instead (bench/write_llama_sizes.py: Q4_0, 0.6-7.3 GB)",
+    )
+    parser.add_argument("--no-cold", action="store_true", help="skip the cold base loads")
+    parser.add_argument("--adapter-type", choices=("f16", "f32"), default="f16")
     args = parser.parse_args()
-    shape = SHAPES[args.shape]
     with tempfile.TemporaryDirectory(prefix="bench-lora-") as tmp:
         root = Path(tmp)
-        base = write_llama_gguf(root / "base" / "1" / "model.gguf", shape, seed=1)
+        base, shape = write_base(root / "base" / "1" / "model.gguf", args.shape, args.size)
         base_bytes = base.stat().st_size
         names = [f"lora-{i:02d}" for i in range(args.adapters)]
         adapter_bytes = sum(
-            write_lora_gguf(root / n / "1" / "adapter.gguf", shape, seed=100 + i).stat().st_size
+            write_lora_gguf(
+                root / n / "1" / "adapter.gguf", shape, seed=100 + i, dtype=args.adapter_type
+            )
+            .stat()
+            .st_size
             for i, n in enumerate(names)
         )
         gen = {"n_ctx": N_CTX, "n_threads": 1}
@@ -110,7 +135,7 @@ def main() -> None:
                 # its file in the page cache, then with it dropped (read from disk by the
                 # first decode); an adapter is loaded over the resident base, once the
                 # base's load has settled (its footprint measured).
-                for kind in ("base_warm", "base_cold"):
+                for kind in ("base_warm",) if args.no_cold else ("base_warm", "base_cold"):
                     server.post("/v2/repository/models/base/unload")
                     if kind == "base_cold":
                         page_cache.drop(base)
@@ -132,8 +157,9 @@ def main() -> None:
     expected = base_bytes + adapter_bytes + (n + 1) * kv
     result: dict[str, Any] = {
         "adapters": n,
-        "shape": args.shape,
+        "shape": args.size or args.shape,
         "base_file_mib": base_bytes / MIB,
+        "adapter_type": args.adapter_type,
         "adapter_file_mib": adapter_bytes / n / MIB,
         "kv_cache_mib": kv / MIB,
         "workers": workers,
@@ -150,13 +176,15 @@ def main() -> None:
         for level, series in (("load", load), ("ttft", ttft))
         for kind in series
     }
-    for kind in ("base_warm", "base_cold", "adapter"):
+    for kind in (k for k in ("base_warm", "base_cold", "adapter") if ttft[k]):
         result[f"ttft_{kind}_ms"] = statistics.median(ttft[kind]) * 1000
         result[f"load_{kind}_ms"] = statistics.median(load[kind]) * 1000
     for key, value in result.items():
         print(f"{key}: {value:.2f}" if isinstance(value, float) else f"{key}: {value}")
     for level, series in (("load", load), ("ttft", ttft)):
         for base_kind in ("base_warm", "base_cold"):
+            if not series[base_kind]:
+                continue
             ratio = result[f"{level}_adapter_ms"] / result[f"{level}_{base_kind}_ms"]
             # Each round's adapter against the same round's base: less of the machine's
             # drift than a ratio of medians.

@@ -47,6 +47,7 @@ class AdapterContexts:
         self._base = base
         self._sink = sink
         self._adapters: dict[str, GenerativeRuntime] = {}
+        self._unstarted: GenerativeRuntime | None = None
 
     def runtime(self, name: str) -> GenerativeRuntime | None:
         """The runtime that serves ``name`` (``""``: the model itself); None if unknown."""
@@ -79,8 +80,9 @@ class AdapterContexts:
             return _failed(msg.seq, f"adapter {name!r} failed its warm-up: {exc}")
         load_s = time.perf_counter() - t0
         grown = max(0, resident_anon_bytes() - before)
-        runtime.start(self._sink)
-        self._adapters[name] = runtime
+        # Its thread starts after the reply (:meth:`start_attached`), as a worker's own
+        # model's does: jobs sent meanwhile wait in its inbox.
+        self._adapters[name] = self._unstarted = runtime
         st = runtime.stats()
         # The heap may have reused memory a detached adapter freed: the growth is then
         # less than what the adapter holds, never less than its tensors and KV cache.
@@ -89,11 +91,19 @@ class AdapterContexts:
             msg.seq, load_s, st.context_length, st.parallel, st.kv_cache_bytes, held
         )
 
+    def start_attached(self) -> None:
+        """Start the generation thread of the adapter attached last (after its reply)."""
+        runtime, self._unstarted = self._unstarted, None
+        if runtime is not None:
+            runtime.start(self._sink)
+
     def detach(self, msg: DetachAdapter) -> AdapterDetached:
         """Close the adapter's runtime (its jobs end) and free its tensors and context."""
         runtime = self._adapters.pop(msg.name, None)
         if runtime is None:
             return AdapterDetached(msg.seq, 0)
+        if runtime is self._unstarted:
+            self._unstarted = None
         before = resident_anon_bytes()
         runtime.close()
         trim_heap()  # the freed buffers go back to the system, not to the heap's free lists

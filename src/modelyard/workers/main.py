@@ -330,6 +330,7 @@ def _generation_message(msg: object, adapters: AdapterContexts, sink: _ChannelSi
             sink.send(GenerationCounters(msg.seq, target.stats()))
     elif isinstance(msg, AttachAdapter):
         sink.send(adapters.attach(msg))
+        adapters.start_attached()
     elif isinstance(msg, DetachAdapter):
         sink.send(adapters.detach(msg))
 

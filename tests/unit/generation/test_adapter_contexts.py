@@ -71,6 +71,7 @@ def test_adapters_run_beside_the_model_and_go_without_it(root: Path) -> None:
     try:
         attached = adapters.attach(AttachAdapter(1, _spec(root, "a")))
         assert isinstance(attached, AdapterAttached)
+        adapters.start_attached()
         assert attached.kv_cache_bytes > 0
         # Its tensors and KV cache at least (both resident once attached).
         size = (root / "a" / "adapter.gguf").stat().st_size
