@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.states import RESIDENT, ModelState
+from modelyard.workers.adapter_instance import AdapterInstance
 
 _USING = RESIDENT | {ModelState.UNLOADING}
 """An adapter in these states holds a context in its base's worker (or is loading one)."""
@@ -30,9 +31,16 @@ def is_adapter(record: ModelRecord) -> bool:
 
 
 def adapters_using(base: ModelRecord, records: Iterable[ModelRecord]) -> list[ModelRecord]:
-    """The adapters among ``records`` that hold (or are loading) a context over ``base``."""
+    """The adapters among ``records`` that hold (or are loading) a context over ``base``
+    (an attached one: in this version's worker, not another version's)."""
     name = base.key.name
-    return [r for r in records if r.config.base == name and r.state in _USING]
+    return [
+        r
+        for r in records
+        if r.config.base == name
+        and r.state in _USING
+        and (not isinstance(r.instance, AdapterInstance) or r.instance.base is base.instance)
+    ]
 
 
 def bases_in_use(records: Iterable[ModelRecord]) -> set[str]:
