@@ -52,11 +52,20 @@ def greedy_request(max_tokens: int | None) -> GenerateRequest:
     )
 
 
-def reference_tokens(path: Path, prompt: str, n: int) -> list[int]:
-    """Greedy tokens of llama-cpp-python run in-process on ``path`` (the peer's own code)."""
+def reference_tokens(path: Path, prompt: str, n: int, lora: Path | None = None) -> list[int]:
+    """Greedy tokens of llama-cpp-python run in-process on ``path`` (the peer's own code),
+    with the LoRA adapter ``lora`` applied to its context if given."""
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(path), n_ctx=N_CTX, n_threads=1, n_batch=64, verbose=False, seed=0)
+    llm = Llama(
+        model_path=str(path),
+        lora_path=None if lora is None else str(lora),
+        n_ctx=N_CTX,
+        n_threads=1,
+        n_batch=64,
+        verbose=False,
+        seed=0,
+    )
     try:
         tokens = llm.tokenize(prompt.encode(), add_bos=True, special=True)
         out: list[int] = []

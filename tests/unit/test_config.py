@@ -38,6 +38,12 @@ BAD = [
         "  - {name: c, path: c, runtime: llama_cpp, base: b}\n",
         "not itself an adapter",
     ),
+    (
+        "base-replicas",
+        "models:\n  - {name: a, path: a, runtime: llama_cpp}\n"
+        "  - {name: b, path: b, runtime: llama_cpp, base: a, replicas: {max: 2}}\n",
+        "takes no replicas",
+    ),
 ]
 
 

@@ -250,10 +250,12 @@ class ModelConfig(BaseModel):
     """Context, threads, offload and parallel sequences of a generative model."""
     base: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     """A LoRA adapter over another model (``runtime: llama_cpp``): the name of the model
-    whose GGUF file it applies to; this model's own folder holds the adapter (a GGUF LoRA
-    file, as llama.cpp's ``convert_lora_to_gguf.py`` writes it). The base's file is
-    mapped, shared and charged once however many adapters and the base itself use it;
-    each adapter's bytes, KV cache and buffers are its own."""
+    it applies to; this model's own folder holds the adapter (a GGUF LoRA file, as
+    llama.cpp's ``convert_lora_to_gguf.py`` writes it). The adapter runs inside the base's
+    worker, as a context of its own over the base's loaded weights (its ``generation``
+    settings: ``n_ctx``, ``parallel``…); loading it loads the base first. The base is
+    charged once; each adapter's tensors and KV cache are charged to the adapter. A base
+    that loaded adapters use is not evicted; unloading it unloads them first."""
 
     @property
     def is_generative(self) -> bool:
@@ -282,6 +284,11 @@ class ModelConfig(BaseModel):
                 raise ValueError("'base' (a LoRA adapter over a model) needs runtime llama_cpp")
             if self.base == self.name:
                 raise ValueError(f"model {self.name!r} cannot be its own base")
+            if self.replicas.max > 1:  # its context lives in the base's one worker
+                raise ValueError(
+                    f"model {self.name!r}: a LoRA adapter runs in its base's worker and "
+                    "takes no replicas (raise its generation.parallel instead)"
+                )
         if self.name in self.fallback:
             raise ValueError(f"model {self.name!r} cannot be its own fallback")
         if len(set(self.fallback)) != len(self.fallback):

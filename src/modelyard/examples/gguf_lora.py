@@ -4,7 +4,7 @@ The file is what llama.cpp's ``convert_lora_to_gguf.py`` writes: ``general.type`
 ``adapter``, ``adapter.type`` is ``lora`` with its ``adapter.lora.alpha``, and each
 adapted weight ``W`` (``blk.N.attn_q.weight``…) has two tensors ``….lora_a`` (rank x
 in) and ``….lora_b`` (out x rank); llama.cpp adds ``scale x alpha / rank x B A x`` to
-``W x``. Random but deterministic (same arguments, byte-identical file), F32.
+``W x``. Random but deterministic (same arguments, byte-identical file), F32 or F16.
 
 Needs the ``gguf`` package (the ``llm`` extra).
 """
@@ -44,8 +44,14 @@ def write_lora_gguf(
     alpha: float = 16.0,
     seed: int = 0,
     targets: tuple[str, ...] = TARGETS,
+    dtype: str = "f32",
 ) -> Path:
-    """Write a random LoRA adapter for a llama model of ``shape`` to ``path`` (atomically)."""
+    """Write a random LoRA adapter for a llama model of ``shape`` to ``path`` (atomically),
+    its tensors in ``dtype``: ``f32``, or ``f16`` (half the bytes, as
+    ``convert_lora_to_gguf.py --outtype f16`` writes them)."""
+    if dtype not in ("f32", "f16"):
+        raise ValueError(f"dtype must be 'f32' or 'f16', not {dtype!r}")
+    kind = np.float16 if dtype == "f16" else np.float32
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -65,8 +71,8 @@ def write_lora_gguf(
             # the writer would store as F64 (llama.cpp crashes on an F64 adapter).
             a = rng.standard_normal((rank, n_in), dtype=np.float32) / np.float32(np.sqrt(n_in))
             b = rng.standard_normal((n_out, rank), dtype=np.float32) / np.float32(np.sqrt(rank))
-            writer.add_tensor(f"blk.{i}.{target}.weight.lora_a", a.astype(np.float32))
-            writer.add_tensor(f"blk.{i}.{target}.weight.lora_b", b.astype(np.float32))
+            writer.add_tensor(f"blk.{i}.{target}.weight.lora_a", a.astype(kind))
+            writer.add_tensor(f"blk.{i}.{target}.weight.lora_b", b.astype(kind))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -21,6 +21,7 @@ from functools import partial
 
 from modelyard.clock import Clock
 from modelyard.errors import DeadlineExceededError, MemoryBudgetError
+from modelyard.manager.adapters import adapters_first, bases_in_use
 from modelyard.manager.budget import MemoryBudget, SharedFile
 from modelyard.manager.eviction import (
     DemandTracker,
@@ -140,6 +141,8 @@ class Admission:
         file (always mapped), none on a GPU (offloaded layers are the worker's copies; the
         host's part is charged apart, see ``manager/offload.py``)."""
         cfg = record.config
+        if cfg.base is not None:  # an adapter: the base's worker maps, the base charged
+            return []
         if cfg.runtime == "llama_cpp":
             # On a GPU, or repacked: the worker's own copies, charged as private bytes.
             if (device or record.device).startswith("cuda:") or cfg.generation.weights != "mapped":
@@ -153,15 +156,25 @@ class Admission:
         return weight_files(record.path)
 
     def candidates(
-        self, loader: ModelRecord, *, loading: bool = False, device: str | None = None
+        self,
+        loader: ModelRecord,
+        *,
+        loading: bool = False,
+        device: str | None = None,
+        bases: bool = False,
     ) -> list[ModelRecord]:
         """Models ``loader`` may evict on ``device`` (default: its own): READY ones (or, with
-        ``loading``, those on the way, or serving before their footprint is committed)."""
+        ``loading``, those on the way, or serving before their footprint is committed);
+        not a base that resident adapters use unless ``bases`` (:meth:`victims` takes one
+        only after all its adapters)."""
         device = device or loader.device
+        # A base serving adapters stays while they do (manager/adapters.py).
+        in_use = set() if bases else bases_in_use(self.records())
         return [
             r
             for r in self.records()
             if r is not loader
+            and r.key.name not in in_use
             and r.device == device
             and (r.state is ModelState.READY and r.footprint_pending is None) is not loading
             and (r.state in RESIDENT and r.state is not ModelState.DRAINING)
@@ -429,13 +442,14 @@ class Admission:
         device = device or record.device
         self.settle()  # the policy orders by what it learnt: every request so far
         skip = {*(exclude or {}), *awaited(self.records(), device)}
-        candidates = [
+        everyone = [
             r
-            for r in self.candidates(record, device=device)
+            for r in self.candidates(record, device=device, bases=True)
             if r.key not in skip and not (idle_only and r.pending > 0)
         ]
+        candidates, bases = adapters_first(everyone, self.records())
         replicated = any(r.replicas for r in candidates)
-        if not files and not self.budget.device(device).shared and not replicated:
+        if not bases and not files and not self.budget.device(device).shared and not replicated:
             # No shared files: each victim frees exactly its own reservation.
             return select_victims(
                 self.policy, candidates, missing - self.budget.freed_by(device, leaving), hot
@@ -443,7 +457,8 @@ class Admission:
         chosen: list[ModelRecord] = []
         if self.budget.freed_by(device, leaving, files) >= missing:
             return chosen
-        for victim in protect_hot(self.policy.order(candidates), hot or {}):
+        # A base in use comes after every adapter that uses it (all candidates too).
+        for victim in protect_hot(self.policy.order(candidates), hot or {}) + bases:
             chosen.append(victim)
             keys = leaving + [k for r in chosen for k in self.holders(r, device)]
             if self.budget.freed_by(device, keys, files) >= missing:

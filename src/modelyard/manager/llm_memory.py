@@ -137,8 +137,9 @@ def estimate_gguf(path: Path, config: GenerationConfig) -> GgufEstimate:
 
 
 def model_gguf(record: ModelRecord) -> Path:
-    """The GGUF file ``record``'s worker maps: its own, or an adapter's base file (OSError
-    when there is none, or an adapter's base is not resolved yet)."""
+    """The GGUF model file of ``record``: its own, or an adapter's base file, whose header
+    sizes the adapter's context (OSError when there is none, or an adapter's base is not
+    resolved yet)."""
     if record.config.base is not None:
         if record.base_file is None:
             raise FileNotFoundError(f"the base of {record.key} is not resolved")
@@ -147,7 +148,7 @@ def model_gguf(record: ModelRecord) -> Path:
 
 
 def adapter_bytes(record: ModelRecord) -> int:
-    """The size of an adapter's own GGUF file (read into the worker's memory), else 0."""
+    """The size of an adapter's own GGUF file (read into its base's worker), else 0."""
     if record.config.base is None:
         return 0
     try:

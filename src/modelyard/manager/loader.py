@@ -25,6 +25,7 @@ from modelyard.errors import (
     ModelNotReadyError,
     ServerError,
 )
+from modelyard.manager.adapters import is_adapter
 from modelyard.manager.admission import Admission
 from modelyard.manager.events import EventLog
 from modelyard.manager.footprints import FootprintCommitter, footprint_note
@@ -37,7 +38,9 @@ from modelyard.manager.start_request import start_request
 from modelyard.manager.states import ModelState, can_transition
 from modelyard.manager.tasks import TaskOwner
 from modelyard.repository.manifest import has_manifest, load_public_key, verify_manifest
+from modelyard.workers.adapter_instance import AdapterInstance
 from modelyard.workers.instance import InstanceInfo, ModelInstance
+from modelyard.workers.process import ProcessInstance
 
 log = logging.getLogger("modelyard.manager")
 
@@ -220,24 +223,51 @@ class Loader:
             while record.state in (ModelState.DRAINING, ModelState.UNLOADING):
                 async with self._admission.changed:
                     await self._admission.changed.wait()
-            if record.config.base is not None:  # a LoRA adapter: its base's file now
-                try:
-                    record.base_file = self._registry.base_file(record.config.base)
-                except ServerError as exc:
-                    self.fail(record, str(exc), "load_failed")
-                    return
             t0 = self._clock.monotonic()
             deadline = t0 + record.config.load_timeout_s
+            if is_adapter(record) and not await self._base_ready(record, deadline):
+                return
             if not await self._verify(record):
                 return
             need = self._admission.estimate_bytes(record)
-            if not self._place(record, need, prefetch):
+            if not is_adapter(record) and not self._place(record, need, prefetch):
                 return
             if not await self._admit(record, need, deadline, prefetch):
                 return
             self.set_state(record, ModelState.LOADING, _loading_reason(record))
             if await self._start_within(record, t0, deadline):
                 self._loaded(record, t0)
+
+    async def _base_ready(self, record: ModelRecord, deadline: float) -> bool:
+        """Load a LoRA adapter's base first (the one load of the weights) and place the
+        adapter on the base's device; False: the base failed (the adapter FAILED, with
+        the base's reason)."""
+        assert record.config.base is not None
+        try:
+            # The base's file too, for the estimate (the context's size from its header).
+            record.base_file = self._registry.base_file(record.config.base)
+            base = self._registry.resolve(record.config.base, None)
+            await self.ensure_ready(base, deadline=deadline, cold_start=False)
+        except ServerError as exc:
+            self.fail(record, f"its base {record.config.base!r}: {exc}", "load_failed")
+            return False
+        record.device = base.device
+        return True
+
+    async def _adapter_instance(self, record: ModelRecord) -> AdapterInstance:
+        """An unstarted instance of adapter ``record`` in its base's worker (the base
+        loaded again first if it went meanwhile: a restart after the base's worker died)."""
+        assert record.config.base is not None
+        base = self._registry.resolve(record.config.base, None)
+        deadline = self._clock.monotonic() + record.config.load_timeout_s
+        await self.ensure_ready(base, deadline=deadline, cold_start=False)
+        instance = base.instance
+        if not isinstance(instance, ProcessInstance):
+            raise ModelLoadError(
+                f"model {record.key}: a LoRA adapter is served in its base's worker process; "
+                f"the base {base.key} does not run in one (isolation: process)"
+            )
+        return AdapterInstance(instance, base.key.name, load_timeout_s=record.config.load_timeout_s)
 
     async def _verify(self, record: ModelRecord) -> bool:
         """Check ``record``'s manifest if it has one (or one is required); False: it
@@ -371,7 +401,10 @@ class Loader:
         for the worker's process (the USS when NVML cannot tell). With
         ``defer_footprint`` an instance that can measures later (``info.footprint_pending``).
         """
-        instance = self._factory(record.config)
+        if is_adapter(record):  # a context in its base's worker, not a worker
+            instance: ModelInstance = await self._adapter_instance(record)
+        else:
+            instance = self._factory(record.config)
         request = start_request(record, device, self.placer, self._admission)
         if defer_footprint:
             request = dataclasses.replace(request, defer_footprint=True)

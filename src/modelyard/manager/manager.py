@@ -20,6 +20,7 @@ from modelyard.clock import Clock, MonotonicClock
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import ServerSettings
 from modelyard.errors import ModelStateConflictError, NotSupportedError, ServerError
+from modelyard.manager.adapters import adapters_using
 from modelyard.manager.admission import Admission
 from modelyard.manager.anticipation import Anticipation
 from modelyard.manager.budget import MemoryBudget, SharedFile
@@ -336,8 +337,15 @@ class ModelManager:
 
     async def _drain_and_stop(self, record: ModelRecord, *, reason: str) -> None:
         instance = record.instance
-        if record.state is ModelState.READY:
+        was_ready = record.state is ModelState.READY
+        if was_ready:  # no adapter attaches to it from now on (its load waits)
             self._loader.set_state(record, ModelState.DRAINING, reason)
+        # A base's adapters run in its worker: they go first, each releasing its own.
+        adapters = adapters_using(record, self.records())
+        if adapters:
+            why = f"its base {record.key} is unloading ({reason})"
+            await asyncio.gather(*(self._unload(a, reason=why) for a in adapters))
+        if was_ready:
             if record.replicas:
                 await self.scaler.stop_all(record, reason)
             await record.first.drain()

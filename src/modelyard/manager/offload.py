@@ -89,9 +89,15 @@ class Offloader:
         self._events = events
 
     def applies(self, record: ModelRecord, device: str) -> bool:
-        """True when ``record`` is a GGUF model and ``device`` a GPU."""
+        """True when ``record`` is a GGUF model and ``device`` a GPU (not a LoRA adapter:
+        its base's worker holds the layers; it charges its own bytes where the base is)."""
         dev = self.devices.devices.get(device)
-        return record.config.runtime == "llama_cpp" and dev is not None and dev.parsed.is_cuda
+        return (
+            record.config.runtime == "llama_cpp"
+            and record.config.base is None
+            and dev is not None
+            and dev.parsed.is_cuda
+        )
 
     def split(self, record: ModelRecord) -> LayerSplit | None:
         """The model's memory layer by layer (None when its header cannot be read)."""
@@ -212,6 +218,10 @@ class Offloader:
         a GGUF model on a GPU, the device part of its chosen layers there and the host
         part on the CPU (both or neither)."""
         admission = self._admission
+        if record.config.base is not None:  # an adapter: no layers of its own to place
+            record.offload = None
+            await admission.admit(record, need, deadline, may_evict=may_evict)
+            return
         if not self.applies(record, record.device):
             record.offload = self._on_host(record, need)
             await admission.admit(record, need, deadline, may_evict=may_evict)

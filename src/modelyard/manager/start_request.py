@@ -8,7 +8,6 @@ from modelyard.manager.admission import Admission
 from modelyard.manager.placement import Placer
 from modelyard.manager.records import ModelRecord
 from modelyard.runtimes.base import RuntimeSpec
-from modelyard.runtimes.llama_backend import BASE_MODEL_OPTION
 from modelyard.workers.instance import StartRequest
 
 __all__ = ["start_request"]
@@ -49,7 +48,7 @@ def start_request(
         device=device,
         cores=parsed.cores,
         gpu_memory_limit_bytes=gpu_limit,
-        options=_options(record, placer, device),
+        options=placer.offload.runtime_options(record, device),
         model_file=record.model_file,
         huge_pages_min_bytes=(
             None if cfg.huge_pages_min_mb is None else int(cfg.huge_pages_min_mb * _MIB)
@@ -57,11 +56,3 @@ def start_request(
     )
     warmup = {k: np.asarray(v) for k, v in cfg.warmup_inputs.items()} if cfg.warmup_inputs else None
     return StartRequest(spec, warmup, limit, awaited=record.requests_awaiting_load > 0)
-
-
-def _options(record: ModelRecord, placer: Placer, device: str) -> dict[str, str]:
-    """The runtime's options; an adapter's name the base file it applies to."""
-    options = placer.offload.runtime_options(record, device)
-    if record.base_file is not None:
-        options[BASE_MODEL_OPTION] = str(record.base_file)
-    return options

@@ -1,5 +1,6 @@
-"""llama.cpp's process-wide start (its log callback, its backend) and which files a
-worker's model is: the GGUF it maps, and the LoRA adapter applied over it, if any."""
+"""llama.cpp's process-wide start (its log callback, its backend) and the GGUF file a
+worker maps. (A LoRA adapter runs in its base's worker, over the base's mapping:
+``LlamaCppRuntime.attach_adapter``.)"""
 
 from __future__ import annotations
 
@@ -11,9 +12,6 @@ from modelyard.runtimes.base import RuntimeSpec, find_model_file
 
 MAPPED, REPACKED = "mapped", "repacked"
 """The two ways llama.cpp holds a model's weights (the ``weights`` option)."""
-BASE_MODEL_OPTION = "base_model"
-"""The runtime option naming an adapter's base GGUF file (set by the server, from the
-config's ``base``); the model's own folder then holds the adapter."""
 
 _backend_ready = False
 _log_callback: Any = None
@@ -39,17 +37,9 @@ def init_backend(llama: Any) -> None:
     _backend_ready = True
 
 
-def adapter_and_model(spec: RuntimeSpec, own: Path) -> tuple[Path | None, Path]:
-    """``(adapter, model)``: ``own`` (the GGUF in the model's folder) is the model, or,
-    when the spec names a base file, the adapter applied over that base."""
-    base = spec.options.get(BASE_MODEL_OPTION)
-    return (own, Path(base)) if base else (None, own)
-
-
 def mapped_gguf(spec: RuntimeSpec) -> Path:
-    """The GGUF file a ``llama_cpp`` worker maps: its own, or an adapter's base."""
-    own = find_model_file(Path(spec.version_dir), (".gguf",), spec.model_file)
-    return adapter_and_model(spec, own)[1]
+    """The GGUF file a ``llama_cpp`` worker maps (its model's own)."""
+    return find_model_file(Path(spec.version_dir), (".gguf",), spec.model_file)
 
 
 def weights_option(spec: RuntimeSpec) -> str:

@@ -34,12 +34,7 @@ from modelyard.runtimes.generation import (
     int_option,
 )
 from modelyard.runtimes.generation_thread import GenerationThread
-from modelyard.runtimes.llama_backend import (
-    REPACKED,
-    adapter_and_model,
-    init_backend,
-    weights_option,
-)
+from modelyard.runtimes.llama_backend import REPACKED, init_backend, weights_option
 from modelyard.runtimes.llama_dims import model_dims
 from modelyard.runtimes.llama_sampling import Sampling, detokenize_answer, tokenize_answer
 from modelyard.runtimes.prompt_prefix import SlotPrefixes
@@ -120,6 +115,10 @@ class LlamaCppRuntime(GenerationThread):
         self._prompt_tokens = 0
         self._reused_tokens = 0
         self._prefixes = SlotPrefixes(1)
+        self._dims: Any = None
+        self._gpu = False
+        self._owns_model = False
+        """False for an adapter's runtime: the model is its base's (:meth:`attach_adapter`)."""
 
     # ------------------------------------------------------------------ load
 
@@ -135,11 +134,6 @@ class LlamaCppRuntime(GenerationThread):
         llama = self._llama = llama_cpp
         init_backend(llama)
         path = find_model_file(Path(spec.version_dir), (".gguf",), spec.model_file)
-        adapter, path = adapter_and_model(spec, path)
-        self._parallel = parallel = max(1, int_option(spec, "parallel", 1))
-        self._n_batch = max(parallel, int_option(spec, "n_batch", 512))
-        threads = max(1, int_option(spec, "n_threads", 2))
-
         mparams = llama.llama_model_default_params()
         mparams.n_gpu_layers = int_option(spec, "n_gpu_layers", 0)
         mparams.use_mmap = True
@@ -149,12 +143,54 @@ class LlamaCppRuntime(GenerationThread):
         self._model = llama.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise ValueError(f"llama.cpp could not load {path}")
-        if adapter is not None:  # a LoRA adapter over the mapped base (its tensors read)
-            self._adapter = llama.llama_adapter_lora_init(self._model, str(adapter).encode())
-            if not self._adapter:
-                raise ValueError(f"llama.cpp could not load the LoRA adapter {adapter}")
+        self._owns_model = True
+        self._gpu = mparams.n_gpu_layers > 0
         self._vocab = llama.llama_model_get_vocab(self._model)
-        dims = model_dims(llama, self._model, path)
+        self._dims = model_dims(llama, self._model, path)
+        self._create_context(spec)
+        self._bos_text = self._piece(llama.llama_vocab_bos(self._vocab), special=True)
+        self._eos_text = self._piece(llama.llama_vocab_eos(self._vocab), special=True)
+        # The chat template is compiled when a chat request first needs it (2-3 ms on a
+        # switch's path otherwise, which a completion never uses).
+        raw = llama.llama_model_chat_template(self._model, None)
+        self._template_source = raw.decode("utf-8", errors="replace") if raw else None
+
+    def attach_adapter(self, spec: RuntimeSpec) -> LlamaCppRuntime:
+        """A runtime for the LoRA adapter in ``spec``'s folder over this loaded model: the
+        adapter read (``llama_adapter_lora_init``) and a context of its own with it set,
+        sharing this runtime's weights (no second mapping). Its own generation thread
+        runs once started; :meth:`close` frees the adapter and its context only.
+
+        ValueError when llama.cpp refuses the adapter (corrupt, or made for another
+        model): this runtime is untouched and keeps serving.
+        """
+        llama = self._llama
+        path = find_model_file(Path(spec.version_dir), (".gguf",), spec.model_file)
+        child = LlamaCppRuntime()
+        child._llama, child._model, child._vocab = llama, self._model, self._vocab
+        child._dims, child._gpu = self._dims, self._gpu
+        child._bos_text, child._eos_text = self._bos_text, self._eos_text
+        child._template_source = self._template_source
+        child._adapter = llama.llama_adapter_lora_init(self._model, str(path).encode())
+        if not child._adapter:
+            raise ValueError(f"llama.cpp could not load the LoRA adapter {path.name}")
+        try:
+            child._create_context(spec)
+            adapters = (llama.llama_adapter_lora_p_ctypes * 1)(child._adapter)
+            if llama.llama_set_adapters_lora(child._ctx, adapters, 1, (ctypes.c_float * 1)(1.0)):
+                raise ValueError(f"llama.cpp could not apply the LoRA adapter {path.name}")
+        except BaseException:
+            child.close()
+            raise
+        return child
+
+    def _create_context(self, spec: RuntimeSpec) -> None:
+        """This runtime's context over the loaded model, as ``spec``'s options say."""
+        llama = self._llama
+        self._parallel = parallel = max(1, int_option(spec, "parallel", 1))
+        self._n_batch = max(parallel, int_option(spec, "n_batch", 512))
+        threads = max(1, int_option(spec, "n_threads", 2))
+        dims = self._dims
         n_ctx = int_option(spec, "n_ctx", 0) or min(dims.context_length, DEFAULT_MAX_CONTEXT)
 
         cparams = llama.llama_context_default_params()
@@ -169,26 +205,16 @@ class LlamaCppRuntime(GenerationThread):
         cparams.no_perf = True
         # On the CPU, flash attention made a short prompt over a 1,000-token cached prefix
         # 2.8x slower and a full prompt 15% slower (bench_llm_prefix.py); GPUs keep auto.
-        cparams.flash_attn_type = -1 if mparams.n_gpu_layers else 0  # auto : disabled
+        cparams.flash_attn_type = -1 if self._gpu else 0  # auto : disabled
         self._ctx = llama.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             raise ValueError(
                 f"llama.cpp could not create a context of {n_ctx} tokens x {parallel} sequences"
             )
-        if self._adapter:
-            adapters = (llama.llama_adapter_lora_p_ctypes * 1)(self._adapter)
-            if llama.llama_set_adapters_lora(self._ctx, adapters, 1, (ctypes.c_float * 1)(1.0)):
-                raise ValueError(f"llama.cpp could not apply the LoRA adapter {adapter}")
         self._n_ctx = llama.llama_n_ctx(self._ctx) // parallel
         self._kv_bytes = self._n_ctx * parallel * dims.kv_bytes_per_token(KV_ELEMENT_BYTES)
         self._batch = llama.llama_batch_init(self._n_batch, 0, 1)
         self._prefixes = SlotPrefixes(parallel, enabled=bool_option(spec, "prefix_reuse", True))
-        self._bos_text = self._piece(llama.llama_vocab_bos(self._vocab), special=True)
-        self._eos_text = self._piece(llama.llama_vocab_eos(self._vocab), special=True)
-        # The chat template is compiled when a chat request first needs it (2-3 ms on a
-        # switch's path otherwise, which a completion never uses).
-        raw = llama.llama_model_chat_template(self._model, None)
-        self._template_source = raw.decode("utf-8", errors="replace") if raw else None
 
     def chat_template(self) -> Any:
         """The model's chat template, compiled on first use; None if it has none."""
@@ -227,7 +253,8 @@ class LlamaCppRuntime(GenerationThread):
         )
 
     def close(self) -> None:
-        """Stop the thread, then free the context and the model."""
+        """Stop the thread, then free the context and the model (an adapter's runtime:
+        its adapter, not the model it shares)."""
         self._stop_thread()
         llama = self._llama
         if llama is None:
@@ -241,9 +268,12 @@ class LlamaCppRuntime(GenerationThread):
         if self._ctx:
             llama.llama_free(self._ctx)
             self._ctx = None
-        if self._model:  # its adapter with it
+        if self._adapter:  # an adapter's runtime: its adapter, not the shared model
+            llama.llama_adapter_lora_free(self._adapter)
+            self._adapter = None
+        if self._model and self._owns_model:
             llama.llama_model_free(self._model)
-            self._model = None
+        self._model = None
 
     # ------------------------------------------------------------------ the thread
 

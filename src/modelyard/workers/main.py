@@ -40,13 +40,18 @@ from modelyard.runtimes import (
 )
 from modelyard.runtimes.errors import classify_runtime_error
 from modelyard.runtimes.warmup import make_warmup_inputs
+from modelyard.workers.adapter_contexts import AdapterContexts
 from modelyard.workers.channel import BlockingChannel, ChannelClosedError, SharedRegion
 from modelyard.workers.device import enter_device
 from modelyard.workers.footprint import sample_memory
 from modelyard.workers.huge_pages import advise_huge_pages, trim_heap
 from modelyard.workers.messages import (
+    AdapterAttached,
+    AdapterDetached,
+    AttachAdapter,
     Cancel,
     Chunk,
+    DetachAdapter,
     ErrorInfo,
     Failed,
     Generate,
@@ -211,7 +216,16 @@ class _ChannelSink:
         self._channel = channel
         self._lock = threading.Lock()
 
-    def send(self, msg: Chunk | Failed | GenerationCounters | Loaded | Released) -> None:
+    def send(
+        self,
+        msg: Chunk
+        | Failed
+        | GenerationCounters
+        | Loaded
+        | Released
+        | AdapterAttached
+        | AdapterDetached,
+    ) -> None:
         # A send error means the server went away: the main loop sees the end of stream.
         with self._lock, contextlib.suppress(ChannelClosedError, OSError):
             self._channel.send(msg)
@@ -280,6 +294,7 @@ def _serve_generation(channel: BlockingChannel, first: Load, warmed: tuple[str, 
         )
     )
     runtime.start(sink)
+    adapters = AdapterContexts(runtime, sink)
     try:
         while True:
             msg = channel.recv()
@@ -288,16 +303,40 @@ def _serve_generation(channel: BlockingChannel, first: Load, warmed: tuple[str, 
             if isinstance(msg, Stop):
                 # What closing frees is the system's again before the slow exit: say so.
                 unmaps = first.spec.kind == "llama_cpp"  # its GGUF file, always mapped
+                adapters.close_all()
                 sink.send(close_and_measure(runtime.close, unmaps=unmaps))
                 return 0
-            if isinstance(msg, Generate):
-                runtime.submit(msg.job)
-            elif isinstance(msg, Cancel):
-                runtime.cancel(msg.seq)
-            elif isinstance(msg, StatsQuery):
-                sink.send(GenerationCounters(msg.seq, runtime.stats()))
+            _generation_message(msg, adapters, sink)
     finally:
+        adapters.close_all()
         runtime.close()
+
+
+def _generation_message(msg: object, adapters: AdapterContexts, sink: _ChannelSink) -> None:
+    """Act on one message to a serving generative worker (not Stop)."""
+    if isinstance(msg, Generate):
+        target = adapters.runtime(msg.adapter)
+        if target is None:  # detached meanwhile: the server's stream gets the reason
+            sink.failed(msg.job.seq, ErrorCode.MODEL_NOT_READY.value, _gone(msg.adapter))
+        else:
+            target.submit(msg.job)
+    elif isinstance(msg, Cancel):
+        adapters.cancel(msg.seq)
+    elif isinstance(msg, StatsQuery):
+        target = adapters.runtime(msg.adapter)
+        if target is None:
+            sink.failed(msg.seq, ErrorCode.MODEL_NOT_READY.value, _gone(msg.adapter))
+        else:
+            sink.send(GenerationCounters(msg.seq, target.stats()))
+    elif isinstance(msg, AttachAdapter):
+        sink.send(adapters.attach(msg))
+        adapters.start_attached()
+    elif isinstance(msg, DetachAdapter):
+        sink.send(adapters.detach(msg))
+
+
+def _gone(adapter: str) -> str:
+    return f"the adapter {adapter!r} is not attached to this worker (unloaded)"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -123,6 +123,9 @@ class Generate(msgspec.Struct, frozen=True, array_like=True, tag="g"):
     """Server → worker: generate text for a generative model's job (``job.seq``)."""
 
     job: GenerationJob
+    adapter: str = ""
+    """The LoRA adapter (its model's name, :class:`AttachAdapter`) whose context runs the
+    job; empty: the worker's own model."""
 
 
 class Chunk(msgspec.Struct, frozen=True, array_like=True, tag="c"):
@@ -146,9 +149,49 @@ class Cancel(msgspec.Struct, frozen=True, array_like=True, tag="k"):
 
 
 class StatsQuery(msgspec.Struct, frozen=True, array_like=True, tag="q"):
-    """Server → worker: report the generation counters."""
+    """Server → worker: report the generation counters (of ``adapter``'s context, if named)."""
 
     seq: int
+    adapter: str = ""
+
+
+class AttachAdapter(msgspec.Struct, frozen=True, array_like=True, tag="a"):
+    """Server → a ``llama_cpp`` worker: read the LoRA adapter in ``spec``'s folder over
+    the loaded model and give it a context of its own (``spec``'s options: ``n_ctx``,
+    ``parallel``…), named ``spec.model_name``. Answered by :class:`AdapterAttached` or
+    :class:`Failed`."""
+
+    seq: int
+    spec: RuntimeSpec
+    warm_up: bool = False
+    """Decode one token in the new context (left to the first request when one waits)."""
+
+
+class AdapterAttached(msgspec.Struct, frozen=True, array_like=True, tag="A"):
+    """Worker → server: the adapter serves; what its context holds."""
+
+    seq: int
+    load_s: float
+    context_length: int
+    parallel: int
+    kv_cache_bytes: int
+    private_bytes: int
+    """How far the worker's resident anonymous memory rose as it attached the adapter
+    (its tensors, the context's buffers; the KV cache's pages only once used)."""
+
+
+class DetachAdapter(msgspec.Struct, frozen=True, array_like=True, tag="z"):
+    """Server → worker: stop the adapter's jobs and free it and its context."""
+
+    seq: int
+    name: str
+
+
+class AdapterDetached(msgspec.Struct, frozen=True, array_like=True, tag="Z"):
+    """Worker → server: the adapter is gone; ``freed_bytes`` of resident memory with it."""
+
+    seq: int
+    freed_bytes: int
 
 
 class GenerationCounters(msgspec.Struct, frozen=True, array_like=True, tag="Q"):
@@ -233,6 +276,10 @@ Message = (
     | Cancel
     | StatsQuery
     | GenerationCounters
+    | AttachAdapter
+    | AdapterAttached
+    | DetachAdapter
+    | AdapterDetached
     | Failed
     | Stop
     | Released

@@ -56,9 +56,18 @@ from modelyard.workers.footprint import (
     weight_files,
 )
 from modelyard.workers.handle import WorkerStartError
-from modelyard.workers.instance import GenerationCounters, InstanceInfo, StartRequest
+from modelyard.workers.instance import (
+    ExitCallback,
+    GenerationCounters,
+    InstanceInfo,
+    StartRequest,
+)
 from modelyard.workers.limits import MemoryLimitError
 from modelyard.workers.messages import (
+    AdapterAttached,
+    AdapterDetached,
+    AttachAdapter,
+    DetachAdapter,
     Failed,
     Hello,
     Infer,
@@ -84,6 +93,9 @@ class ProcessInstance(WorkerLink):
     _info: InstanceInfo | None = None
     _spec: RuntimeSpec | None = None
     _kv_cache_bytes = 0
+    _adapter_bytes: dict[str, int] | None = None
+    """The private bytes each attached LoRA adapter added to the worker (at its attach)."""
+    _exit_listeners: list[ExitCallback] | None = None
 
     # ------------------------------------------------------------------ generation
 
@@ -99,6 +111,80 @@ class ProcessInstance(WorkerLink):
         if not self.is_alive:
             raise self._not_serving()
         return await self._streams.counters(timeout_s)
+
+    # -------------------------------------------------------------------- adapters
+
+    async def attach_adapter(
+        self, spec: RuntimeSpec, *, warm_up: bool, timeout_s: float
+    ) -> AdapterAttached:
+        """Serve the LoRA adapter in ``spec``'s folder in this worker, over its loaded
+        model, under ``spec.model_name`` (``workers/adapter_contexts.py``).
+
+        ModelLoadError when the worker refuses it (a corrupt adapter, or one made for
+        another model): the worker and its model serve on.
+        """
+        if not self.is_alive:
+            raise self._not_serving()
+        name = spec.model_name
+        reply = await self._streams.ask(
+            lambda seq: AttachAdapter(seq, spec, warm_up), timeout_s, f"adapter {name!r} loaded"
+        )
+        if isinstance(reply, Failed):
+            raise ModelLoadError(reply.error.message)
+        if not isinstance(reply, AdapterAttached):
+            raise InternalError(f"unexpected reply to AttachAdapter: {reply!r}")
+        if self._adapter_bytes is None:
+            self._adapter_bytes = {}
+        self._adapter_bytes[name] = reply.private_bytes
+        return reply
+
+    async def detach_adapter(self, name: str, timeout_s: float) -> int:
+        """Free adapter ``name`` and its context in the worker; the bytes that freed (0
+        when the worker is gone: its exit freed them)."""
+        if self._adapter_bytes is not None:
+            self._adapter_bytes.pop(name, None)
+        if not self.is_alive:
+            return 0
+        try:
+            reply = await self._streams.ask(
+                lambda seq: DetachAdapter(seq, name), timeout_s, f"adapter {name!r} freed"
+            )
+        except ServerError:
+            return 0  # the worker went meanwhile
+        return reply.freed_bytes if isinstance(reply, AdapterDetached) else 0
+
+    def generate_with(
+        self, adapter: str, request: GenerateRequest
+    ) -> AsyncGenerator[GenerateChunk, None]:
+        """:meth:`generate` in attached adapter ``adapter``'s context."""
+        if not self.is_alive:
+            raise self._not_serving()
+        return self._streams.generate(request, adapter)
+
+    async def counters_of(self, adapter: str, timeout_s: float = 5.0) -> GenerationCounters:
+        """The generation counters of attached adapter ``adapter``'s context."""
+        if not self.is_alive:
+            raise self._not_serving()
+        return await self._streams.counters(timeout_s, adapter)
+
+    def add_exit_listener(self, callback: ExitCallback) -> None:
+        """Also called, with the reason, if the worker dies after a successful start
+        (an attached adapter's instance: it dies with the worker)."""
+        if self._exit_listeners is None:
+            self._exit_listeners = []
+        self._exit_listeners.append(callback)
+
+    def _fire_callback(self, reason: str) -> None:
+        fired = self._callback_fired
+        super()._fire_callback(reason)
+        if fired or not self._exit_listeners:
+            return
+        listeners, self._exit_listeners = self._exit_listeners, None
+        for listener in listeners:
+            try:
+                listener(reason)
+            except Exception:
+                _log.exception("exit listener of model %r failed", self._name)
 
     # ----------------------------------------------------------------------- start
 
@@ -388,6 +474,9 @@ class ProcessInstance(WorkerLink):
         if info is None or spec is None or not self.is_alive:
             raise self._not_serving()
         sample, footprint, mapped = await self._measure(spec)
+        # Adapters attached meanwhile are charged to their own records (their bytes as
+        # measured at their attach), not to the model whose worker they share.
+        footprint = max(0, footprint - sum((self._adapter_bytes or {}).values()))
         details = {**info.details, **sample.as_details(), "mapped_weight_private_bytes": mapped}
         self._info = dataclasses.replace(
             info,

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Callable
 
-from modelyard.errors import DeadlineExceededError, ServerError
+from modelyard.errors import DeadlineExceededError, InternalError, ServerError
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
 from modelyard.runtimes.generation import GenerationJob
 from modelyard.workers.answers import AnswerGate
@@ -93,7 +93,8 @@ class GenerationStreams:
         self._answers = answers
         """Counts each stream until its first chunk (``answers.py``)."""
         self._streams: dict[int, asyncio.Queue[_Item]] = {}
-        self._queries: dict[int, asyncio.Future[CountersMessage]] = {}
+        self._queries: dict[int, asyncio.Future[Message]] = {}
+        """Requests answered by one message (counters, an adapter's attach or detach)."""
         self._dead: ServerError | None = None
 
     @property
@@ -111,7 +112,7 @@ class GenerationStreams:
             queue.put_nowait(msg if isinstance(msg, Chunk) else rebuild_error(msg.error))
             return True
         fut = self._queries.pop(seq, None)
-        if fut is not None and isinstance(msg, CountersMessage):
+        if fut is not None:
             if not fut.done():
                 fut.set_result(msg)
             return True
@@ -127,8 +128,11 @@ class GenerationStreams:
                 fut.set_exception(error)
         self._queries.clear()
 
-    async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
-        """Send the job and yield its chunks; closing early cancels it in the worker."""
+    async def generate(
+        self, request: GenerateRequest, adapter: str = ""
+    ) -> AsyncGenerator[GenerateChunk, None]:
+        """Send the job (to ``adapter``'s context, if named) and yield its chunks;
+        closing early cancels it in the worker."""
         if self._dead is not None:
             raise self._dead
         seq = self._next_seq()
@@ -137,7 +141,7 @@ class GenerationStreams:
         finished = False
         pending = self._answers.begin()
         try:
-            self._send(Generate(generation_job(seq, request)))
+            self._send(Generate(generation_job(seq, request), adapter))
             while True:
                 item = await queue.get()
                 if isinstance(item, ServerError):
@@ -159,21 +163,30 @@ class GenerationStreams:
                 with contextlib.suppress(ServerError, OSError):
                     self._send(Cancel(seq))
 
-    async def counters(self, timeout_s: float) -> GenerationCounters:
-        """Ask the worker for its generation counters."""
+    async def counters(self, timeout_s: float, adapter: str = "") -> GenerationCounters:
+        """Ask the worker for its generation counters (``adapter``'s context's, if named)."""
+        reply = await self.ask(lambda seq: StatsQuery(seq, adapter), timeout_s, "its counters")
+        if isinstance(reply, Failed):
+            raise rebuild_error(reply.error)
+        if not isinstance(reply, CountersMessage):
+            raise InternalError(f"unexpected reply to a counters query: {reply!r}")
+        return reply.stats
+
+    async def ask(self, make: Callable[[int], Message], timeout_s: float, what: str) -> Message:
+        """Send ``make(seq)`` and return the worker's one reply numbered ``seq``, beside the
+        streams (DeadlineExceededError after ``timeout_s``; the worker's death ends it)."""
         if self._dead is not None:
             raise self._dead
         seq = self._next_seq()
-        fut: asyncio.Future[CountersMessage] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._queries[seq] = fut
         try:
-            self._send(StatsQuery(seq))
+            self._send(make(seq))
             async with asyncio.timeout(timeout_s):
-                msg = await fut
+                return await fut
         except TimeoutError:
             raise DeadlineExceededError(
-                f"the worker of model {self.name!r} did not report its counters"
+                f"the worker of model {self.name!r} did not report {what}"
             ) from None
         finally:
             self._queries.pop(seq, None)
-        return msg.stats

@@ -10,6 +10,10 @@ import pytest
 from modelyard.runtimes.base import RuntimeSpec, TensorSpec
 from modelyard.workers.messages import (
     MAX_MESSAGE_BYTES,
+    AdapterAttached,
+    AdapterDetached,
+    AttachAdapter,
+    DetachAdapter,
     ErrorInfo,
     Failed,
     ForkServerReady,
@@ -48,6 +52,10 @@ MESSAGES: list[Message] = [
     WorkerSpawned(3, 99),
     SpawnFailed(3, "fork failed"),
     WorkerExited(99, -9),
+    AttachAdapter(4, SPEC, warm_up=True),
+    AdapterAttached(4, 0.02, 256, 2, 1 << 18, 3 << 20),
+    DetachAdapter(5, "m"),
+    AdapterDetached(5, 3 << 20),
 ]
 
 

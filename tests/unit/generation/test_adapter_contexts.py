@@ -1,0 +1,118 @@
+"""A worker's LoRA adapters, in process: each a context of its own over the one loaded
+model (real llama.cpp, a tiny GGUF and random adapters written here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from modelyard.errors import ErrorCode
+from modelyard.runtimes.base import RuntimeSpec
+from modelyard.runtimes.generation import GenerationJob
+from modelyard.runtimes.llama_cpp import LlamaCppRuntime
+from modelyard.workers.adapter_contexts import AdapterContexts
+from modelyard.workers.messages import (
+    AdapterAttached,
+    AdapterDetached,
+    AttachAdapter,
+    DetachAdapter,
+    Failed,
+)
+from tests.unit.generation.sinks import CollectingSink
+
+pytest.importorskip("llama_cpp", reason="the llm extra runs GGUF models")
+pytest.importorskip("gguf", reason="the llm extra writes the test models")
+
+OPTIONS = {"n_ctx": "128", "n_threads": "1", "n_batch": "32"}
+PROMPT = "The quick brown fox jumps over the lazy dog."
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from modelyard.examples.gguf_llama import LlamaShape, write_llama_gguf
+    from modelyard.examples.gguf_lora import write_lora_gguf
+
+    root = tmp_path_factory.mktemp("adapters")
+    shape = LlamaShape(layers=2, width=64, feed_forward=128, heads=4, kv_heads=2, merges=200)
+    other = LlamaShape(layers=3, width=64, feed_forward=128, heads=4, kv_heads=2, merges=200)
+    write_llama_gguf(root / "base" / "model.gguf", shape, seed=5)
+    write_lora_gguf(root / "a" / "adapter.gguf", shape, seed=6)
+    write_lora_gguf(root / "other" / "adapter.gguf", other, seed=7)
+    (root / "junk").mkdir()
+    (root / "junk" / "adapter.gguf").write_bytes(b"GGUF" + b"\0" * 60)
+    return root
+
+
+def _spec(root: Path, name: str) -> RuntimeSpec:
+    return RuntimeSpec("llama_cpp", str(root / name), name, options=OPTIONS)
+
+
+def _job(seq: int) -> GenerationJob:
+    fields: dict[str, Any] = {
+        "messages": None,
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "seed": None,
+        "stop": (),
+    }
+    return GenerationJob(seq, PROMPT, **fields)
+
+
+def test_adapters_run_beside_the_model_and_go_without_it(root: Path) -> None:
+    base = LlamaCppRuntime()
+    base.load(_spec(root, "base"))
+    sink = CollectingSink()
+    base.start(sink)
+    adapters = AdapterContexts(base, sink)
+    try:
+        attached = adapters.attach(AttachAdapter(1, _spec(root, "a")))
+        assert isinstance(attached, AdapterAttached)
+        adapters.start_attached()
+        assert attached.kv_cache_bytes > 0
+        # Its tensors and KV cache at least (both resident once attached).
+        size = (root / "a" / "adapter.gguf").stat().st_size
+        assert attached.private_bytes >= size + attached.kv_cache_bytes
+        runtime = adapters.runtime("a")
+        assert runtime is not None
+        assert runtime is not base
+        runtime.submit(_job(10))
+        base.submit(_job(11))
+        with_adapter, without = sink.wait(10), sink.wait(11)
+        assert with_adapter.error is None
+        assert without.error is None
+        assert with_adapter.token_ids != without.token_ids  # the adapter is applied
+
+        detached = adapters.detach(DetachAdapter(2, "a"))
+        assert isinstance(detached, AdapterDetached)
+        assert adapters.runtime("a") is None
+        base.submit(_job(12))  # the model serves on, the same as before
+        assert sink.wait(12).token_ids == without.token_ids
+    finally:
+        adapters.close_all()
+        base.close()
+
+
+@pytest.mark.parametrize("bad", ["other", "junk"])
+def test_a_bad_adapter_fails_its_attach_and_the_model_serves_on(root: Path, bad: str) -> None:
+    base = LlamaCppRuntime()
+    base.load(_spec(root, "base"))
+    sink = CollectingSink()
+    base.start(sink)
+    adapters = AdapterContexts(base, sink)
+    try:
+        reply = adapters.attach(AttachAdapter(1, _spec(root, bad)))
+        assert isinstance(reply, Failed)
+        assert reply.error.code == ErrorCode.MODEL_LOAD_FAILED.value
+        assert bad in reply.error.message
+        assert adapters.runtime(bad) is None
+        base.submit(_job(3))
+        report = sink.wait(3)
+        assert report.error is None
+        assert report.completion_tokens > 0
+    finally:
+        adapters.close_all()
+        base.close()
