@@ -38,6 +38,10 @@ def _repositories(tmp_path: Path) -> tuple[Path, Path]:
     return server, store
 
 
+def _cached(folder: Path, pattern: str) -> list[Path]:
+    return list(folder.glob(pattern))
+
+
 async def test_actors_load_the_stores_files_from_their_nodes_cache(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -57,7 +61,7 @@ async def test_actors_load_the_stores_files_from_their_nodes_cache(
         assert record.info.details["store_fetch"] == "fetched"
         assert record.info.details["manifest_verified_on_node"] is True
         node = record.device.split("/")[0]
-        cached = list((tmp_path / f"cache-{node}" / "add-1").glob("1.*/model.onnx"))
+        cached = _cached(tmp_path, f"cache-{node}/add-1/1.*/model.onnx")
         assert len(cached) == 1
         assert cached[0].read_bytes() == (store / "add-1" / "1" / "model.onnx").read_bytes()
 
@@ -77,7 +81,7 @@ async def test_actors_load_the_stores_files_from_their_nodes_cache(
         assert r.status_code == 503, r.text
         assert "SHA256" in r.json()["error"], r.text
         assert app.manager.record_for("add-2", "1").state is ModelState.FAILED
-        assert list(tmp_path.glob("cache-*/add-2/1.*/model.onnx")) == []
+        assert _cached(tmp_path, "cache-*/add-2/1.*/model.onnx") == []
         r = await client.post("/v2/models/add-2/infer", json=add_body())
         assert r.status_code == 503, r.text
         # The server keeps serving the good model.
