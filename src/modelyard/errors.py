@@ -122,6 +122,12 @@ class ModelNotReadyError(ServerError):
     code = ErrorCode.MODEL_NOT_READY
 
 
+class WorkerGoneError(ModelNotReadyError):
+    """The replica's worker had died (it restarts) when the request's batch came to run:
+    the request never ran, so it may be routed once more, to the restarted worker or
+    another replica, within its deadline."""
+
+
 class ModelStateConflictError(ServerError):
     """A lifecycle verb conflicts with the model's current state."""
 

@@ -59,6 +59,7 @@ class RayApp(App):
             public_keys=list(self.settings.manifest_public_keys),
             require_manifest=self.settings.require_manifest,
             load_timeout_s=config.load_timeout_s,
+            repository_root=self.settings.repository_root,
         )
 
     async def start(self) -> None:

@@ -48,6 +48,15 @@ class RayConfig(BaseModel):
     """Idle model actors kept started and warmed on each node, so that a load claims one
     instead of waiting for Ray to start a worker process (seconds); 0: none. Spares ask
     Ray for no CPU. Not used for generative models or with ``shared_workers``."""
+    model_store: str | None = Field(default=None, min_length=1, max_length=4096)
+    """URI of a copy of the model repository every node can read: ``file:///srv/models``
+    (a folder every node mounts), or any URI an fsspec backend reads (``s3://…`` with
+    ``s3fs``). Each actor fetches its version from there into its node's cache, once
+    per node, verified against the version's manifest (required); None: every node
+    reads the server's own repository path."""
+    node_cache_dir: str = Field(default="", max_length=4096)
+    """Each node's cache of the model store; ``{node}`` is replaced by the node's name;
+    empty: ``modelyard-store/NODE`` in the node's temporary folder."""
     shared_workers: bool = False
     """Actors are named and shared by every ingress of the namespace, each holding a
     lease; the last lease released stops the actor."""

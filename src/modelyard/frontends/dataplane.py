@@ -22,6 +22,7 @@ from modelyard.errors import (
     ModelNotReadyError,
     PayloadTooLargeError,
     ServerError,
+    WorkerGoneError,
     WorkerLostError,
 )
 from modelyard.frontends.classification import LabelCache
@@ -338,11 +339,12 @@ class DataPlane:
         try:
             try:
                 response, batched = await self._run_on(record, request, started)
-            except WorkerLostError:
-                # Its worker was lost under it (Ray: its node or actor died), so it got no
-                # answer: it is routed once more, and the router waits for the restart
-                # within the request's deadline (not the scheduler, whose estimates would
-                # then count the restart as a call's time).
+            except (WorkerLostError, WorkerGoneError):
+                # Its worker was lost under it (Ray: its node or actor died), or had died
+                # before its batch ran, so it got no answer: it is routed once more, and
+                # the router waits for the restart within the request's deadline (not the
+                # scheduler, whose estimates would then count the restart as a call's
+                # time).
                 response, batched = await self._run_on(record, request, started)
         except ServerError:
             record.infer_stats.failed(self.clock.monotonic() - started)

@@ -12,7 +12,12 @@ from __future__ import annotations
 import numpy as np
 
 from modelyard.clock import Clock
-from modelyard.errors import DeadlineExceededError, ModelNotReadyError, WorkerCrashedError
+from modelyard.errors import (
+    DeadlineExceededError,
+    ModelNotReadyError,
+    WorkerCrashedError,
+    WorkerGoneError,
+)
 from modelyard.manager.records import ModelRecord, Replica
 from modelyard.scheduling.dispatcher import Execute
 
@@ -29,6 +34,11 @@ def live_sibling(record: ModelRecord, failed: Holder) -> Holder | None:
     return min(live, key=lambda h: h.in_flight, default=None)
 
 
+def _gone(record: ModelRecord) -> WorkerGoneError:
+    # The batch did not run: the data plane may route its requests once more.
+    return WorkerGoneError(f"model {record.key} is not ready: {record.reason}")
+
+
 def replica_execute(record: ModelRecord, holder: Holder, clock: Clock) -> Execute:
     """The ``execute`` of ``holder``'s scheduler (``holder`` is ``record`` or its replica)."""
 
@@ -37,7 +47,7 @@ def replica_execute(record: ModelRecord, holder: Holder, clock: Clock) -> Execut
     ) -> dict[str, np.ndarray]:
         instance = target.instance
         if instance is None or not instance.is_alive:
-            raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
+            raise _gone(record)
         remaining = deadline - clock.monotonic()
         if remaining <= 0:
             # Dispatching now would only get a healthy worker killed for overrunning.
@@ -53,7 +63,7 @@ def replica_execute(record: ModelRecord, holder: Holder, clock: Clock) -> Execut
             # run_on(holder, ...) unrolled: one coroutine less on every request.
             instance = holder.instance
             if instance is None or not instance.is_alive:
-                raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
+                raise _gone(record)
             remaining = deadline - clock.monotonic()
             if remaining <= 0:
                 raise DeadlineExceededError(f"model {record.key}: deadline passed before it ran")

@@ -30,7 +30,7 @@ from modelyard.manager.admission import Admission
 from modelyard.manager.events import EventLog
 from modelyard.manager.footprints import FootprintCommitter, footprint_note
 from modelyard.manager.placement import Placer
-from modelyard.manager.records import ModelRecord
+from modelyard.manager.records import ModelKey, ModelRecord
 from modelyard.manager.registry import ModelRegistry
 from modelyard.manager.relocate import leave_lost_device, relocate
 from modelyard.manager.replica import first_replica_state
@@ -93,6 +93,8 @@ class Loader:
         self._public_keys = [load_public_key(k) for k in settings.manifest_public_keys]
         self._slots = asyncio.Semaphore(settings.load_slots) if settings.load_slots else None
         self._unverified_said = False
+        self._restarts: dict[ModelKey, asyncio.Task[None]] = {}
+        """The restart in flight of each version whose worker died."""
         self.footprints = FootprintCommitter(admission, placer.devices, tasks, fail=self.fail)
         """Commits measured footprints to the budget (after READY, for worker processes)."""
 
@@ -140,7 +142,10 @@ class Loader:
             # A model evicted again between its load finishing and this caller waking
             # up (memory pressure) is simply loaded again, within the deadline.
             for _ in range(_ENSURE_ATTEMPTS):
-                task = record.load_task
+                # A worker that died is being restarted (maybe on another node, once one
+                # sent to a dying node failed): wait for that, within the deadline, rather
+                # than race it with a load of our own or fail the request.
+                task = self._restarts.get(record.key) or record.load_task
                 if task is None or task.done():
                     task = self._tasks.spawn(self.load(record))
                     record.load_task = task
@@ -469,7 +474,13 @@ class Loader:
         self.set_state(record, ModelState.LOADING, f"worker died ({reason}); restarting")
         self.events.add("crashed", record.key, reason)
         log.warning("worker of %s died (%s); restarting", record.key, reason)
-        self._tasks.spawn(self._restart(record, instance, reason))
+        task = self._tasks.spawn(self._restart(record, instance, reason))
+        self._restarts[record.key] = task
+        task.add_done_callback(lambda t: self._forget_restart(record.key, t))
+
+    def _forget_restart(self, key: ModelKey, task: asyncio.Task[None]) -> None:
+        if self._restarts.get(key) is task:
+            del self._restarts[key]
 
     async def _restart(self, record: ModelRecord, dead: ModelInstance, reason: str) -> None:
         await dead.stop()

@@ -13,19 +13,18 @@ import dataclasses
 import os
 import time
 import traceback
-from pathlib import Path
 
 import numpy as np
 import psutil
 
 from modelyard.errors import ErrorCode, ModelLoadError, ServerError
-from modelyard.repository.manifest import load_public_key, verify_manifest
 from modelyard.runtimes import Runtime, create_runtime
 from modelyard.runtimes.base import RuntimeSpec, TensorSpec
 from modelyard.runtimes.errors import classify_runtime_error
 from modelyard.runtimes.warmup import make_warmup_inputs
 from modelyard.workers.cluster_nodes import local_device
 from modelyard.workers.messages import ErrorInfo
+from modelyard.workers.ray_files import NodeFiles, version_files
 
 __all__ = ["ActorLoaded", "ActorReply", "ModelActor"]
 
@@ -44,6 +43,8 @@ class ActorLoaded:
     pid: int
     verified: bool
     """True when a manifest was checked on this node."""
+    store_fetch: str = ""
+    """``fetched`` or ``cached`` from ``ray.model_store``; empty: the server's path."""
 
 
 ActorReply = tuple[dict[str, np.ndarray] | None, ErrorInfo | None]
@@ -77,16 +78,15 @@ class ModelActor:
         warmup: dict[str, np.ndarray] | None,
         public_keys: list[str],
         require_manifest: bool,
+        files: NodeFiles | None = None,
     ) -> tuple[ActorLoaded | None, ErrorInfo | None]:
-        """Verify, load and warm up ``spec`` here; ``(None, error)`` on failure."""
+        """Verify, load and warm up ``spec`` here (its files fetched from the model
+        store first when ``files`` names one); ``(None, error)`` on failure."""
         if self._runtime is not None:  # a shared actor another ingress already loaded
             return self._loaded(0.0, 0.0, verified=False), None
         try:
-            verified = verify_manifest(
-                Path(spec.version_dir),
-                public_keys=[load_public_key(k) for k in public_keys],
-                require=require_manifest,
-            )
+            found = version_files(spec, files, public_keys, require_manifest)
+            spec = found.spec
             # Ray gives a GPU actor its own CUDA_VISIBLE_DEVICES: its device is cuda:0.
             local = local_device(spec.device)
             if local.startswith("cuda"):
@@ -107,7 +107,8 @@ class ModelActor:
             message = f"model {spec.model_name!r} failed to load: {type(exc).__name__}: {exc}"
             return None, ErrorInfo(ModelLoadError.code.value, message, traceback.format_exc())
         self._runtime = runtime
-        return self._loaded(t1 - t0, time.perf_counter() - t1, verified=verified), None
+        loaded = self._loaded(t1 - t0, time.perf_counter() - t1, verified=found.verified)
+        return dataclasses.replace(loaded, store_fetch=found.store_fetch), None
 
     def _loaded(self, load_s: float, warmup_s: float, *, verified: bool) -> ActorLoaded:
         runtime = self._runtime

@@ -19,19 +19,18 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 
 from modelyard.errors import ErrorCode, ModelLoadError, ServerError
 from modelyard.protocol.generate import TokenLogprob
-from modelyard.repository.manifest import load_public_key, verify_manifest
 from modelyard.runtimes import create_generative_runtime
 from modelyard.runtimes.base import RuntimeSpec
 from modelyard.runtimes.errors import classify_runtime_error
 from modelyard.runtimes.generation import GenerationJob, GenerationStats, GenerativeRuntime
 from modelyard.workers.cluster_nodes import local_device
 from modelyard.workers.messages import Chunk, ErrorInfo
+from modelyard.workers.ray_files import NodeFiles, version_files
 
 __all__ = ["GenerativeActor", "GenerativeLoaded"]
 
@@ -51,6 +50,8 @@ class GenerativeLoaded:
     stats: GenerationStats
     pid: int
     verified: bool
+    store_fetch: str = ""
+    """``fetched`` or ``cached`` from ``ray.model_store``; empty: the server's path."""
 
 
 class _QueueSink:
@@ -107,15 +108,18 @@ class GenerativeActor:
         self._sink = _QueueSink()
 
     def load(
-        self, spec: RuntimeSpec, public_keys: list[str], require_manifest: bool, warm_up: bool
+        self,
+        spec: RuntimeSpec,
+        public_keys: list[str],
+        require_manifest: bool,
+        warm_up: bool,
+        files: NodeFiles | None = None,
     ) -> tuple[GenerativeLoaded | None, ErrorInfo | None]:
-        """Verify, load (and warm up, unless a request waits) ``spec`` here."""
+        """Verify, load (and warm up, unless a request waits) ``spec`` here, its files
+        fetched from the model store first when ``files`` names one."""
         try:
-            verified = verify_manifest(
-                Path(spec.version_dir),
-                public_keys=[load_public_key(k) for k in public_keys],
-                require=require_manifest,
-            )
+            found = version_files(spec, files, public_keys, require_manifest)
+            spec = found.spec
             local = local_device(spec.device)
             spec = dataclasses.replace(spec, device="cuda:0" if local.startswith("cuda") else local)
             t0 = time.perf_counter()
@@ -137,7 +141,8 @@ class GenerativeActor:
             footprint_bytes=psutil.Process().memory_full_info().uss,
             stats=runtime.stats(),
             pid=os.getpid(),
-            verified=verified,
+            verified=found.verified,
+            store_fetch=found.store_fetch,
         )
         return loaded, None
 

@@ -34,6 +34,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,7 @@ from modelyard.errors import (
     WorkerLostError,
 )
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
+from modelyard.repository.store import StoreError, store_relative_path
 from modelyard.runtimes import GENERATIVE_KINDS
 from modelyard.workers.exits import rebuild_error
 from modelyard.workers.instance import (
@@ -61,6 +63,7 @@ from modelyard.workers.instance import (
 from modelyard.workers.messages import ErrorInfo
 from modelyard.workers.ray_actor import ActorLoaded, ModelActor
 from modelyard.workers.ray_cluster import RayCluster
+from modelyard.workers.ray_files import NodeFiles
 from modelyard.workers.ray_generation import GenerativeActor, GenerativeLoaded
 from modelyard.workers.streams import generate_chunk, generation_job
 
@@ -100,8 +103,10 @@ class RayInstance:
         public_keys: list[str],
         require_manifest: bool,
         load_timeout_s: float = 120.0,
+        repository_root: Path | None = None,
     ) -> None:
         self._cluster = cluster
+        self._repository_root = repository_root
         self._config = cluster.config
         self._public_keys = public_keys
         self._require_manifest = require_manifest
@@ -167,6 +172,7 @@ class RayInstance:
                 get_if_exists=True,
                 lifetime="detached",
             )
+        files = self._node_files(spec.version_dir)
         t0 = time.perf_counter()
         try:
             spare = None
@@ -183,11 +189,11 @@ class RayInstance:
                 await self._call(self._actor.acquire.remote(self._cluster.ingress_id), None)
             if self._generative:
                 load = self._actor.load.remote(
-                    spec, self._public_keys, self._require_manifest, not request.awaited
+                    spec, self._public_keys, self._require_manifest, not request.awaited, files
                 )
             else:
                 load = self._actor.load.remote(
-                    spec, request.warmup_inputs, self._public_keys, self._require_manifest
+                    spec, request.warmup_inputs, self._public_keys, self._require_manifest, files
                 )
             reply: tuple[ActorLoaded | GenerativeLoaded | None, Any] = await self._call(
                 load, self._load_timeout_s
@@ -217,9 +223,21 @@ class RayInstance:
                 "ray_node": self._device.rpartition("/")[0],
                 "actor_pid": loaded.pid,
                 "manifest_verified_on_node": loaded.verified,
+                "store_fetch": loaded.store_fetch,
                 "from_spare": self._from_spare,
             },
         )
+
+    def _node_files(self, version_dir: str) -> NodeFiles | None:
+        """Where the actor fetches ``version_dir`` from (``ray.model_store``), or None:
+        the node reads the server's path."""
+        store = self._config.model_store
+        if store is None:
+            return None
+        if self._repository_root is None:
+            raise StoreError(f"model {self._name!r}: no repository to map onto the model store")
+        relative = store_relative_path(Path(version_dir), self._repository_root)
+        return NodeFiles(store, self._config.node_cache_dir, relative)
 
     def _generative_info(self, loaded: GenerativeLoaded, start_s: float) -> InstanceInfo:
         st = loaded.stats
@@ -237,6 +255,7 @@ class RayInstance:
                 "ray_node": self._device.rpartition("/")[0],
                 "actor_pid": loaded.pid,
                 "manifest_verified_on_node": loaded.verified,
+                "store_fetch": loaded.store_fetch,
                 "context_length": st.context_length,
                 "parallel": st.parallel,
                 "kv_cache_bytes": st.kv_cache_bytes,
