@@ -15,8 +15,10 @@ context inside the base's worker process.
 
 * **Switch**: a request that must load its model, interleaved per round: the base
   itself (unloaded first, which unloads its adapters too) with its file in the page
-  cache and with it dropped, then an adapter over the resident base (its tensors read
-  and a context created in the base's worker). Two levels: the server's load
+  cache and with it dropped; the same file as ``plain``, a model no adapter names (so
+  its load makes no spare context: a base load as any model's); then an adapter over
+  the resident base (its tensors read and applied to the context its base made ahead,
+  ``spare_context``). Two levels: the server's load
   (``last_load.total_s``) and the request's first token (which adds the prompt's
   decode, the same for both). Medians over ``--rounds``, same run.
 * **Memory**: with every adapter loaded, the summed PSS of the server's workers (one
@@ -29,6 +31,8 @@ context inside the base's worker process.
 
 from __future__ import annotations
 
+import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -72,6 +76,15 @@ def workers_pss(pid: int) -> tuple[int, int]:
         except psutil.Error:
             continue
     return total, count
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """``target`` as a hard link to ``source`` (a copy across file systems)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def write_base(path: Path, shape_name: str, size: str | None) -> tuple[Path, LlamaShape]:
@@ -121,13 +134,17 @@ def main() -> None:
             {"name": n, "path": n, "runtime": "llama_cpp", "base": "base", "generation": gen}
             for n in names
         ]
+        # The same weights as a model no adapter names: its worker keeps no spare context,
+        # so its load is a base load without the context made ahead for adapters.
+        link_or_copy(base, root / "plain" / "1" / "model.gguf")
+        models.append({"name": "plain", "path": "plain", "runtime": "llama_cpp", "generation": gen})
         cfg = _server.write_config(root, models, budget_mb=16384)
         with _server.Server(cfg, root / "server.log") as server:
             client = server.client
             first_token_s(client, "base")
             time.sleep(1.0)  # footprint committed
             base_pss, _ = workers_pss(server.pid)
-            kinds = ("base_warm", "base_cold", "adapter")
+            kinds = ("base_warm", "base_cold", "plain_warm", "adapter")
             ttft: dict[str, list[float]] = {k: [] for k in kinds}
             load: dict[str, list[float]] = {k: [] for k in kinds}
             for r in range(args.rounds):
@@ -141,6 +158,10 @@ def main() -> None:
                         page_cache.drop(base)
                     ttft[kind].append(first_token_s(client, "base"))
                     load[kind].append(server.committed_stats("base")["last_load"]["total_s"])
+                server.post("/v2/repository/models/plain/unload")
+                ttft["plain_warm"].append(first_token_s(client, "plain"))
+                load["plain_warm"].append(server.committed_stats("plain")["last_load"]["total_s"])
+                server.post("/v2/repository/models/plain/unload")
                 name = names[r % len(names)]
                 ttft["adapter"].append(first_token_s(client, name))
                 load["adapter"].append(server.committed_stats(name)["last_load"]["total_s"])
@@ -176,13 +197,13 @@ def main() -> None:
         for level, series in (("load", load), ("ttft", ttft))
         for kind in series
     }
-    for kind in (k for k in ("base_warm", "base_cold", "adapter") if ttft[k]):
+    for kind in (k for k in ("base_warm", "base_cold", "plain_warm", "adapter") if ttft[k]):
         result[f"ttft_{kind}_ms"] = statistics.median(ttft[kind]) * 1000
         result[f"load_{kind}_ms"] = statistics.median(load[kind]) * 1000
     for key, value in result.items():
         print(f"{key}: {value:.2f}" if isinstance(value, float) else f"{key}: {value}")
     for level, series in (("load", load), ("ttft", ttft)):
-        for base_kind in ("base_warm", "base_cold"):
+        for base_kind in ("base_warm", "base_cold", "plain_warm"):
             if not series[base_kind]:
                 continue
             ratio = result[f"{level}_adapter_ms"] / result[f"{level}_{base_kind}_ms"]

@@ -396,6 +396,11 @@ class Loader:
             footprint_note(record),
         )
 
+    def _is_base(self, record: ModelRecord) -> bool:
+        """True when a configured LoRA adapter names ``record``'s model as its base."""
+        name = record.key.name
+        return any(e.config.base == name for e in self._registry.entries.values())
+
     async def spawn(
         self, record: ModelRecord, device: str, *, defer_footprint: bool = False
     ) -> tuple[ModelInstance, InstanceInfo, int]:
@@ -410,7 +415,9 @@ class Loader:
             instance: ModelInstance = await self._adapter_instance(record)
         else:
             instance = self._factory(record.config)
-        request = start_request(record, device, self.placer, self._admission)
+        request = start_request(
+            record, device, self.placer, self._admission, serves_adapters=self._is_base(record)
+        )
         if defer_footprint:
             request = dataclasses.replace(request, defer_footprint=True)
         try:

@@ -8,6 +8,7 @@ from modelyard.manager.admission import Admission
 from modelyard.manager.placement import Placer
 from modelyard.manager.records import ModelRecord
 from modelyard.runtimes.base import RuntimeSpec
+from modelyard.runtimes.llama_backend import SPARE_CONTEXT_OPTION
 from modelyard.workers.instance import StartRequest
 
 __all__ = ["start_request"]
@@ -16,9 +17,16 @@ _MIB = 1024 * 1024
 
 
 def start_request(
-    record: ModelRecord, device: str, placer: Placer, admission: Admission
+    record: ModelRecord,
+    device: str,
+    placer: Placer,
+    admission: Admission,
+    *,
+    serves_adapters: bool = False,
 ) -> StartRequest:
-    """What a worker of ``record`` on ``device`` is started with."""
+    """What a worker of ``record`` on ``device`` is started with; ``serves_adapters``:
+    LoRA adapters name ``record`` as their base (its worker then keeps a context made
+    ahead for the next one, so an adapter's switch does not wait for a context)."""
     cfg = record.config
     parsed = placer.devices[device].parsed
     limit = None
@@ -48,7 +56,8 @@ def start_request(
         device=device,
         cores=parsed.cores,
         gpu_memory_limit_bytes=gpu_limit,
-        options=placer.offload.runtime_options(record, device),
+        options=placer.offload.runtime_options(record, device)
+        | ({SPARE_CONTEXT_OPTION: "1"} if serves_adapters else {}),
         model_file=record.model_file,
         huge_pages_min_bytes=(
             None if cfg.huge_pages_min_mb is None else int(cfg.huge_pages_min_mb * _MIB)

@@ -13,6 +13,10 @@ from modelyard.runtimes.base import RuntimeSpec, find_model_file
 MAPPED, REPACKED = "mapped", "repacked"
 """The two ways llama.cpp holds a model's weights (the ``weights`` option)."""
 
+SPARE_CONTEXT_OPTION = "spare_context"
+"""Runtime option: keep one context made ahead for the next LoRA adapter (set by the
+server for a model that adapters name as their base)."""
+
 _backend_ready = False
 _log_callback: Any = None
 

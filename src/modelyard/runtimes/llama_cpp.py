@@ -34,7 +34,12 @@ from modelyard.runtimes.generation import (
     int_option,
 )
 from modelyard.runtimes.generation_thread import GenerationThread
-from modelyard.runtimes.llama_backend import REPACKED, init_backend, weights_option
+from modelyard.runtimes.llama_backend import (
+    REPACKED,
+    SPARE_CONTEXT_OPTION,
+    init_backend,
+    weights_option,
+)
 from modelyard.runtimes.llama_dims import model_dims
 from modelyard.runtimes.llama_sampling import Sampling, detokenize_answer, tokenize_answer
 from modelyard.runtimes.prompt_prefix import SlotPrefixes
@@ -87,6 +92,15 @@ class _Sequence:
     """Sampled tokens' log probabilities not reported yet (when the job asked)."""
 
 
+_CONTEXT_OPTIONS = ("n_ctx", "parallel", "n_batch", "n_threads", "prefix_reuse")
+
+
+def _context_options(spec: RuntimeSpec | None) -> tuple[str | None, ...]:
+    """What a context is made with: two specs with the same can share a spare context."""
+    options = spec.options if spec is not None else {}
+    return tuple(options.get(k) for k in _CONTEXT_OPTIONS)
+
+
 class LlamaCppRuntime(GenerationThread):
     """A GGUF model served by llama.cpp with parallel sequences (see the module doc)."""
 
@@ -119,6 +133,11 @@ class LlamaCppRuntime(GenerationThread):
         self._gpu = False
         self._owns_model = False
         """False for an adapter's runtime: the model is its base's (:meth:`attach_adapter`)."""
+        self._spare: LlamaCppRuntime | None = None
+        """A context made ahead for the next adapter (option ``spare_context``)."""
+        self._spare_spec: RuntimeSpec | None = None
+        self._made_with: RuntimeSpec | None = None
+        """The spec an adapter's context was made with (:meth:`_context_runtime`)."""
 
     # ------------------------------------------------------------------ load
 
@@ -150,6 +169,9 @@ class LlamaCppRuntime(GenerationThread):
         self._create_context(spec)
         self._bos_text = self._piece(llama.llama_vocab_bos(self._vocab), special=True)
         self._eos_text = self._piece(llama.llama_vocab_eos(self._vocab), special=True)
+        if bool_option(spec, SPARE_CONTEXT_OPTION, False):
+            self._spare_spec = spec
+            self.refill_spare()
         # The chat template is compiled when a chat request first needs it (2-3 ms on a
         # switch's path otherwise, which a completion never uses).
         raw = llama.llama_model_chat_template(self._model, None)
@@ -158,27 +180,60 @@ class LlamaCppRuntime(GenerationThread):
     def attach_adapter(self, spec: RuntimeSpec) -> LlamaCppRuntime:
         """A runtime for the LoRA adapter in ``spec``'s folder over this loaded model: the
         adapter read (``llama_adapter_lora_init``) and a context of its own with it set,
-        sharing this runtime's weights (no second mapping). Its own generation thread
-        runs once started; :meth:`close` frees the adapter and its context only.
+        sharing this runtime's weights (no second mapping). The context is the spare one
+        made ahead when its options are the adapter's (:meth:`refill_spare`), so a switch
+        costs the adapter's read; a new one otherwise. Its own generation thread runs
+        once started; :meth:`close` frees the adapter and its context only.
 
         ValueError when llama.cpp refuses the adapter (corrupt, or made for another
         model): this runtime is untouched and keeps serving.
         """
         llama = self._llama
         path = find_model_file(Path(spec.version_dir), (".gguf",), spec.model_file)
+        adapter = llama.llama_adapter_lora_init(self._model, str(path).encode())
+        if not adapter:
+            raise ValueError(f"llama.cpp could not load the LoRA adapter {path.name}")
+        spare, self._spare = self._spare, None
+        if spare is not None and _context_options(spare._made_with) != _context_options(spec):
+            self._spare = spare  # made for other options: kept for an adapter that fits
+            spare = None
+        try:
+            child = spare or self._context_runtime(spec)
+        except BaseException:
+            llama.llama_adapter_lora_free(adapter)
+            raise
+        child._adapter = adapter
+        try:
+            adapters = (llama.llama_adapter_lora_p_ctypes * 1)(adapter)
+            if llama.llama_set_adapters_lora(child._ctx, adapters, 1, (ctypes.c_float * 1)(1.0)):
+                raise ValueError(f"llama.cpp could not apply the LoRA adapter {path.name}")
+        except BaseException:
+            child.close()
+            raise
+        return child
+
+    @property
+    def has_spare_context(self) -> bool:
+        """True while a context made ahead waits for the next adapter."""
+        return self._spare is not None
+
+    def refill_spare(self) -> None:
+        """Make the spare context the next adapter takes, if this model keeps one and
+        has none (after an adapter took it: off the switch's path). Its KV cache and
+        buffers are this model's own memory, measured with it."""
+        if self._spare is None and self._spare_spec is not None and self._model:
+            self._spare = self._context_runtime(self._spare_spec)
+
+    def _context_runtime(self, spec: RuntimeSpec) -> LlamaCppRuntime:
+        """A runtime over this loaded model with a new context of ``spec``'s options."""
         child = LlamaCppRuntime()
-        child._llama, child._model, child._vocab = llama, self._model, self._vocab
+        child._llama, child._model, child._vocab = self._llama, self._model, self._vocab
         child._dims, child._gpu = self._dims, self._gpu
         child._bos_text, child._eos_text = self._bos_text, self._eos_text
         child._template_source = self._template_source
-        child._adapter = llama.llama_adapter_lora_init(self._model, str(path).encode())
-        if not child._adapter:
-            raise ValueError(f"llama.cpp could not load the LoRA adapter {path.name}")
+        child._made_with = spec
         try:
             child._create_context(spec)
-            adapters = (llama.llama_adapter_lora_p_ctypes * 1)(child._adapter)
-            if llama.llama_set_adapters_lora(child._ctx, adapters, 1, (ctypes.c_float * 1)(1.0)):
-                raise ValueError(f"llama.cpp could not apply the LoRA adapter {path.name}")
         except BaseException:
             child.close()
             raise
@@ -259,6 +314,9 @@ class LlamaCppRuntime(GenerationThread):
         llama = self._llama
         if llama is None:
             return
+        spare, self._spare, self._spare_spec = self._spare, None, None
+        if spare is not None:
+            spare.close()
         for s in self._active.values():
             s.sampler.free()
         self._active.clear()

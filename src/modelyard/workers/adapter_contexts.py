@@ -10,6 +10,7 @@ jobs name none and run without any.
 
 from __future__ import annotations
 
+import logging
 import time
 import traceback
 from pathlib import Path
@@ -29,6 +30,8 @@ from modelyard.workers.messages import (
 )
 from modelyard.workers.release import DRIFT_BYTES, resident_anon_bytes
 
+_log = logging.getLogger(__name__)
+
 
 @runtime_checkable
 class AdapterHost(Protocol):
@@ -37,6 +40,10 @@ class AdapterHost(Protocol):
     def attach_adapter(self, spec: RuntimeSpec) -> GenerativeRuntime:
         """A runtime for the adapter in ``spec``'s folder, over this one's model
         (ValueError when the adapter does not fit the model)."""
+        ...
+
+    def refill_spare(self) -> None:
+        """Make ahead the context the next adapter takes (if this model keeps one)."""
         ...
 
 
@@ -92,10 +99,16 @@ class AdapterContexts:
         )
 
     def start_attached(self) -> None:
-        """Start the generation thread of the adapter attached last (after its reply)."""
+        """Start the generation thread of the adapter attached last, then make the next
+        adapter's context ahead (both after the attach's reply: off the switch's path)."""
         runtime, self._unstarted = self._unstarted, None
         if runtime is not None:
             runtime.start(self._sink)
+        if isinstance(self._base, AdapterHost):
+            try:
+                self._base.refill_spare()
+            except Exception:  # the next adapter makes its own context, as without one
+                _log.warning("could not make a spare context ahead", exc_info=True)
 
     def detach(self, msg: DetachAdapter) -> AdapterDetached:
         """Close the adapter's runtime (its jobs end) and free its tensors and context."""

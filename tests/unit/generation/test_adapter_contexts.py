@@ -11,6 +11,7 @@ import pytest
 from modelyard.errors import ErrorCode
 from modelyard.runtimes.base import RuntimeSpec
 from modelyard.runtimes.generation import GenerationJob
+from modelyard.runtimes.llama_backend import SPARE_CONTEXT_OPTION
 from modelyard.runtimes.llama_cpp import LlamaCppRuntime
 from modelyard.workers.adapter_contexts import AdapterContexts
 from modelyard.workers.messages import (
@@ -116,3 +117,45 @@ def test_a_bad_adapter_fails_its_attach_and_the_model_serves_on(root: Path, bad:
     finally:
         adapters.close_all()
         base.close()
+
+
+def _run_adapter(
+    root: Path, base_options: dict[str, str], adapter_options: dict[str, str]
+) -> tuple[list[int], bool, bool]:
+    """The adapter's greedy tokens, and whether the base had a spare context right after
+    the attach and after the attach's follow-up."""
+    base = LlamaCppRuntime()
+    base.load(RuntimeSpec("llama_cpp", str(root / "base"), "base", options=base_options))
+    sink = CollectingSink()
+    base.start(sink)
+    adapters = AdapterContexts(base, sink)
+    try:
+        spec = RuntimeSpec("llama_cpp", str(root / "a"), "a", options=adapter_options)
+        assert isinstance(adapters.attach(AttachAdapter(1, spec)), AdapterAttached)
+        after_attach = base.has_spare_context
+        adapters.start_attached()
+        after_start = base.has_spare_context
+        runtime = adapters.runtime("a")
+        assert runtime is not None
+        runtime.submit(_job(5))
+        report = sink.wait(5)
+        assert report.error is None
+        return list(report.token_ids), after_attach, after_start
+    finally:
+        adapters.close_all()
+        base.close()
+
+
+def test_an_adapter_takes_the_context_made_ahead_and_the_next_one_is_made(root: Path) -> None:
+    fresh, _, _ = _run_adapter(root, OPTIONS, OPTIONS)
+    spare_options = OPTIONS | {SPARE_CONTEXT_OPTION: "1"}
+    tokens, after_attach, after_start = _run_adapter(root, spare_options, OPTIONS)
+    assert not after_attach  # the adapter took the context made at the base's load
+    assert after_start  # and the next adapter's was made after the attach's reply
+    assert tokens == fresh  # applied over a context made ahead, as over a new one
+
+
+def test_a_context_made_for_other_options_is_kept_for_an_adapter_that_fits(root: Path) -> None:
+    spare_options = OPTIONS | {SPARE_CONTEXT_OPTION: "1"}
+    _, after_attach, _ = _run_adapter(root, spare_options, OPTIONS | {"n_ctx": "64"})
+    assert after_attach  # the adapter made its own context; the spare waits on
