@@ -68,13 +68,6 @@ from modelyard.scheduling.wait_estimate import RunningCall
 __all__ = ["ADMISSION_COUNTERS", "OUTCOME_COUNTERS", "BatchHook", "Execute", "ModelScheduler"]
 
 
-def _consume_exception(future: asyncio.Future[dict[str, np.ndarray]]) -> None:
-    # NOTE: a submitter cancelled right after its future got an exception never reads
-    # it; reading it here keeps asyncio from logging "exception was never retrieved".
-    if not future.cancelled():
-        future.exception()
-
-
 class ModelScheduler(BatchDispatcher):
     """Queue, batch and dispatch the requests of one model; see the module docstring.
 
@@ -212,7 +205,6 @@ class ModelScheduler(BatchDispatcher):
             permit=permit,
             probe=probe,
         )
-        request.future.add_done_callback(_consume_exception)
         self._queue.push(request)
         self._counts["accepted"] += 1
         self._wakeup.set()
@@ -230,6 +222,13 @@ class ModelScheduler(BatchDispatcher):
             self._counts[request.outcome] += 1
             raise
         except asyncio.CancelledError:
+            future = request.future
+            if future.done() and not future.cancelled():
+                # Answered with an error just as its submitter was cancelled: nobody else
+                # reads it, and asyncio would log "exception was never retrieved". (Read
+                # here, not in a done callback: that would be one more loop callback on
+                # every request.)
+                future.exception()
             self._counts["cancelled"] += 1
             raise
         finally:
