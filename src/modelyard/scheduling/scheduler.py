@@ -68,6 +68,14 @@ from modelyard.scheduling.wait_estimate import RunningCall
 __all__ = ["ADMISSION_COUNTERS", "OUTCOME_COUNTERS", "BatchHook", "Execute", "ModelScheduler"]
 
 
+def _consume_exception(future: asyncio.Future[dict[str, np.ndarray]]) -> None:
+    """Read the error of a request answered just as its submitter was cancelled: nobody
+    else reads it, and asyncio would log "exception was never retrieved". (Called there,
+    not as a done callback: that would be one more loop callback on every request.)"""
+    if future.done() and not future.cancelled():
+        future.exception()
+
+
 class ModelScheduler(BatchDispatcher):
     """Queue, batch and dispatch the requests of one model; see the module docstring.
 
@@ -193,18 +201,20 @@ class ModelScheduler(BatchDispatcher):
         if self._can_run_direct():
             return await self._run_direct(inputs, rows, level, deadline, now, permit)
         loop = asyncio.get_running_loop()
+        # Positional (the fields' order): half the cost of keywords, on every request.
         request = QueuedRequest(
-            inputs=inputs,
-            priority=level,
-            deadline=deadline,
-            arrival=now,
-            seq=next(self._seq),
-            rows=rows,
-            batch_key=batch_key(inputs),
-            future=loop.create_future(),
-            permit=permit,
-            probe=probe,
+            inputs,  # inputs
+            level,  # priority
+            deadline,
+            now,  # arrival
+            next(self._seq),  # seq
+            rows,
+            batch_key(inputs),
+            loop.create_future(),  # future
+            permit,
         )
+        if probe:
+            request.probe = True
         self._queue.push(request)
         self._counts["accepted"] += 1
         self._wakeup.set()
@@ -222,13 +232,7 @@ class ModelScheduler(BatchDispatcher):
             self._counts[request.outcome] += 1
             raise
         except asyncio.CancelledError:
-            future = request.future
-            if future.done() and not future.cancelled():
-                # Answered with an error just as its submitter was cancelled: nobody else
-                # reads it, and asyncio would log "exception was never retrieved". (Read
-                # here, not in a done callback: that would be one more loop callback on
-                # every request.)
-                future.exception()
+            _consume_exception(request.future)
             self._counts["cancelled"] += 1
             raise
         finally:
