@@ -11,6 +11,7 @@ import pytest
 
 from modelyard.errors import DeadlineUnreachableError
 from modelyard.scheduling import SchedulerConfig
+from modelyard.scheduling.breaker import Permit
 from modelyard.scheduling.request_queue import QueuedRequest, RequestQueue
 
 from ._fakes import FakeClock, FakeModel, MakeScheduler, settle, tensor
@@ -25,7 +26,7 @@ def _request(seq: int, priority: int, deadline: float) -> QueuedRequest:
         future: asyncio.Future[dict[str, np.ndarray]] = loop.create_future()
     finally:
         loop.close()
-    return QueuedRequest({}, priority, deadline, 0.0, seq, 1, None, future, None)
+    return QueuedRequest({}, priority, deadline, 0.0, seq, 1, None, future, Permit(0, False))
 
 
 def test_the_earliest_deadline_stays_a_lower_bound_of_the_queued_ones() -> None:
