@@ -82,10 +82,6 @@ class ModelService:
 
     # ------------------------------------------------------------------ reads
 
-    def is_known(self, name: str) -> bool:
-        """Whether a model of that name is configured (no name check: a dict lookup)."""
-        return name in self._entries
-
     def model(self, name: str) -> ServedModel:
         """The model called ``name``; ModelNotFoundError if unknown."""
         return self.manager.entry(name)
