@@ -198,7 +198,8 @@ class ModelScheduler(BatchDispatcher):
         if permit is None:
             self._counts["rejected_circuit"] += 1
             raise self._circuit_open_error()
-        if self._can_run_direct():
+        # _can_run_direct's first condition read here: no call per request under load.
+        if self._dispatcher_idle and self._can_run_direct():
             return await self._run_direct(inputs, rows, level, deadline, now, permit)
         loop = asyncio.get_running_loop()
         # Positional (the fields' order): half the cost of keywords, on every request.
