@@ -126,7 +126,9 @@ def _run_child(src: Path, args: argparse.Namespace) -> dict[str, object]:
     command += ["--phases", str(args.phases), "--concurrency", str(args.concurrency)]
     if args.digits:
         command.append("--digits")
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"the child on {src} failed:\n{done.stderr[-3000:]}")
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
