@@ -43,6 +43,7 @@ from modelyard.observability.metrics import Metrics
 from modelyard.scheduling.config import SchedulerConfig
 from modelyard.scheduling.generation_scheduler import GenerationLimits, GenerationScheduler
 from modelyard.scheduling.scheduler import ModelScheduler
+from modelyard.service.model_service import ModelService
 from modelyard.stop_signals import SignallessServer, watch_stop_signals
 from modelyard.workers.factory import WorkerFactory
 from modelyard.workers.inline import InlineInstance
@@ -103,7 +104,9 @@ class App:
             )
         self.manager.events.listeners.append(self.metrics.on_event)
         self.metrics.bind(self.manager)
-        self.dataplane = DataPlane(self.manager, self.metrics, settings.limits, self.clock)
+        self.service = ModelService(self.manager, self.versions)
+        """What the front ends see of the model table (they never import the manager)."""
+        self.dataplane = DataPlane(self.service, self.metrics, settings.limits, self.clock)
         self._http: uvicorn.Server | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._grpc: Any = None
@@ -399,7 +402,7 @@ class App:
         from modelyard.frontends.http.dashboard import dashboard_routes
         from modelyard.frontends.http.metrics import metrics_routes
 
-        control = ControlPlane(self.manager, self.versions, self.health_view)
+        control = ControlPlane(self.service, self.health_view)
         return [*admin_routes(control), *metrics_routes(self.metrics), *dashboard_routes(self)]
 
     async def stop(self) -> None:

@@ -40,3 +40,19 @@ def test_bad_buckets_and_labels_are_refused() -> None:
     fast = FastHistogram("h", "doc", ["m"], buckets=(1.0,), registry=CollectorRegistry())
     with pytest.raises(ValueError, match="labels"):
         fast.labels("a", "b")
+
+
+def test_a_batch_of_observations_counts_as_one_at_a_time() -> None:
+    registry = CollectorRegistry()
+    fast = FastHistogram("h_seconds", "doc", ["m"], buckets=LATENCY_BUCKETS_S, registry=registry)
+    one, batched = fast.labels("one"), fast.labels("batched")
+    waits = [0.0, 0.0005, 0.0007, 0.3, 0.1 + 0.2, 2.0, 1e9]
+    for value in waits:
+        one.observe(value)
+    batched.observe_each(waits)
+    for _ in range(5):
+        one.observe(0.1)
+    batched.observe_repeated(0.1, 5)
+    batched.observe_repeated(0.1, 0)  # nothing
+    assert batched.counts == one.counts
+    assert batched.total == one.total, "the same additions in the same order"

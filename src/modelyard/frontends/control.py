@@ -1,42 +1,35 @@
 """The control plane: management verbs beside the protocol, whatever the transport.
 
-The HTTP admin routes (``frontends/http/admin.py``) call these methods and never the
-manager itself, as the protocol routes call :class:`~modelyard.frontends.dataplane.DataPlane`:
-an import-linter contract keeps ``frontends.http`` and ``frontends.grpc`` off
-``modelyard.manager``. Names are checked here, so every transport checks them alike.
+The HTTP admin routes (``frontends/http/admin.py``) call these methods, as the protocol
+routes call :class:`~modelyard.frontends.dataplane.DataPlane`; both reach the model table
+through :class:`~modelyard.service.model_service.ModelService` alone (import-linter
+contracts keep the front ends off ``modelyard.manager``). Names are checked here, so
+every transport checks them alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from modelyard.manager.manager import ModelManager
-from modelyard.manager.records import DEFAULT_ALIAS
-from modelyard.manager.stats import ManagerView
-from modelyard.manager.versions import VersionController
 from modelyard.observability.health import HealthView
 from modelyard.protocol.names import check_model_name, check_version_name
+from modelyard.service.model_service import ModelService
+from modelyard.service.views import DEFAULT_ALIAS, ManagerView
 
 __all__ = ["DEFAULT_ALIAS", "ControlPlane"]
 
 
 class ControlPlane:
-    """Stats, health details, pins, aliases and rollback over one manager."""
+    """Stats, health details, pins, aliases and rollback over the model service."""
 
-    def __init__(
-        self,
-        manager: ModelManager,
-        versions: VersionController,
-        health_view: Callable[[], HealthView],
-    ) -> None:
-        self._manager = manager
-        self._versions = versions
+    def __init__(self, service: ModelService, health_view: Callable[[], HealthView]) -> None:
+        self._service = service
         self._health_view = health_view
 
     def stats(self) -> ManagerView:
         """The ``/v2/stats`` view: models, devices and recent events (typed; the route
         converts it to JSON)."""
-        return ManagerView.of(self._manager)
+        return self._service.stats()
 
     def health_details(self) -> HealthView:
         """Why the server and each model are (not) ready (typed; the route converts it)."""
@@ -45,11 +38,11 @@ class ControlPlane:
     def set_pinned(self, name: str, pinned: bool) -> str:
         """Pin (never evicted) or unpin every version of a model, later ones included; its
         configured name."""
-        return self._manager.pin(check_model_name(name), pinned).config.name
+        return self._service.pin(check_model_name(name), pinned)
 
     def aliases(self, name: str) -> dict[str, dict[str, float]]:
         """Every alias of the model with its ``{version: weight}``."""
-        return self._versions.aliases(check_model_name(name))
+        return self._service.aliases(check_model_name(name))
 
     async def set_alias(
         self, name: str, alias: str, targets: Mapping[str, float]
@@ -57,8 +50,8 @@ class ControlPlane:
         """Point ``alias`` at ``targets`` (``{version: weight}``) once they are ready."""
         check_model_name(name)
         check_version_name(alias)
-        return await self._versions.set_alias(name, alias, targets)
+        return await self._service.set_alias(name, alias, targets)
 
     async def rollback(self, name: str, alias: str = DEFAULT_ALIAS) -> dict[str, float]:
         """Move ``alias`` back to its previous route."""
-        return await self._versions.rollback(check_model_name(name), alias)
+        return await self._service.rollback(check_model_name(name), alias)

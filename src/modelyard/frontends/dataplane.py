@@ -1,8 +1,10 @@
 """The protocol-neutral data plane: REST and gRPC both call these methods.
 
-It validates a decoded request against the model's metadata, routes it to a ready
-version (hot-loading it if needed, within the request's deadline), hands it to the
-model's scheduler, and wraps the outputs. It never touches a worker directly.
+It validates a decoded request against the model's metadata, has the model service's
+router take it to a ready version (hot-loading it if needed, within the request's
+deadline) and that replica's scheduler, and wraps the outputs. It reaches the model table
+only through :class:`~modelyard.service.model_service.ModelService` and never touches a
+worker.
 """
 
 from __future__ import annotations
@@ -30,16 +32,6 @@ from modelyard.frontends.generation import Generation
 from modelyard.frontends.model_views import listed_versions, model_statistics, repository_rows
 from modelyard.frontends.tensor_checks import request_rows, select_outputs, validate_inputs
 from modelyard.frontends.triton_config import triton_config
-from modelyard.manager.fallback import (
-    FallbackReason,
-    allows_fallback,
-    fallback_reason,
-    tensor_mismatch,
-)
-from modelyard.manager.generation_service import GenerationService, context_length
-from modelyard.manager.manager import ModelManager
-from modelyard.manager.records import ModelRecord
-from modelyard.manager.router import Router, check_client_timeout
 from modelyard.observability.log_settings import LogSettings
 from modelyard.observability.metrics import OK, Metrics, outcome_code
 from modelyard.protocol.generate import GenerateChunk, GenerateRequest
@@ -57,7 +49,15 @@ from modelyard.protocol.types import (
     header_timeout_s,
 )
 from modelyard.runtimes.base import TensorSpec
-from modelyard.workers.instance import GenerationCounters
+from modelyard.service.model_service import (
+    FallbackReason,
+    ModelService,
+    allows_fallback,
+    check_client_timeout,
+    fallback_reason,
+    tensor_mismatch,
+)
+from modelyard.service.views import GenerationCounters, InstanceInfo, ServedVersion
 
 log = logging.getLogger("modelyard.dataplane")
 
@@ -101,18 +101,21 @@ class DataPlane:
 
     def __init__(
         self,
-        manager: ModelManager,
+        service: ModelService,
         metrics: Metrics | None = None,
         limits: LimitsConfig | None = None,
         clock: Clock | None = None,
     ) -> None:
-        self.manager = manager
+        self.service = service
+        """The model table: resolve, run, load; views (never the manager's parts)."""
         self.metrics = metrics
         """Counts request outcomes, latencies and cold-start waits (None: not counted)."""
-        self.clock: Clock = clock or manager.clock
+        self.clock: Clock = clock or service.clock
         """Where request start times and deadlines are read (the manager's clock)."""
-        self.router = Router(manager, self.clock, self._load_waited)
-        """Where requests go: resolve, lease, ensure ready, retry on eviction."""
+        service.on_load_wait(self._load_waited)
+        self._models = service.models()
+        self._resolve = service.resolve
+        self._submit = service.submit
         limits = limits or LimitsConfig()
         self.max_request_elements = limits.max_request_elements
         """Tensor elements one request may carry; the decoders check it before allocating."""
@@ -120,10 +123,8 @@ class DataPlane:
         """Largest encoded response; the front ends check it after encoding."""
         self.is_serving = False
         """Set by the app once start-up finished; cleared when shutdown starts."""
-        self.generation_service = GenerationService(manager, self.router)
-        """The manager's generation verbs: route, lease a replica, its scheduler."""
         self.generation = Generation(
-            self.generation_service, metrics, self.clock, self.check_response_bytes
+            service.generation, metrics, self.clock, self.check_response_bytes
         )
         """Text generation for generative models (``llama_cpp``, ``transformers``)."""
         self.generation.is_serving = self.ready
@@ -132,7 +133,7 @@ class DataPlane:
         """Triton's logging extension over the process's root logger (management)."""
         """Class labels by version folder, read once (classification extension)."""
 
-    def _load_waited(self, record: ModelRecord, seconds: float) -> None:
+    def _load_waited(self, record: ServedVersion, seconds: float) -> None:
         if self.metrics is not None:
             self.metrics.cold_start_wait(record.key.name, record.key.version, seconds)
 
@@ -148,7 +149,7 @@ class DataPlane:
 
     def model_ready(self, name: str, version: str | None) -> bool:
         """True when that version can serve now (its worker alive)."""
-        return self.manager.resolve(check_model_name(name), check_version_name(version)).is_ready
+        return self._resolve(check_model_name(name), check_version_name(version)).is_ready
 
     # ------------------------------------------------------------------ metadata
 
@@ -158,8 +159,8 @@ class DataPlane:
 
     def model_metadata(self, name: str, version: str | None) -> ModelMetadata:
         """The protocol's model metadata; tensors are known once the model has loaded."""
-        record = self.manager.resolve(check_model_name(name), check_version_name(version))
-        entry = self.manager.entry(name)
+        record = self._resolve(check_model_name(name), check_version_name(version))
+        entry = self.service.model(name)
         info = record.info
         return ModelMetadata(
             name=name,
@@ -168,14 +169,14 @@ class DataPlane:
             inputs=() if info is None else _tensors(info.inputs),
             outputs=() if info is None else _tensors(info.outputs),
             generative=record.config.is_generative,
-            context_length=context_length(record),
+            context_length=self.service.context_length(record),
         )
 
     def generative_models(self) -> list[ModelMetadata]:
         """Metadata of every configured generative model (its default version), loaded
         or not: what an API that lists models (``/v1/models``) shows."""
         result = []
-        for name, entry in sorted(self.manager.entries.items()):
+        for name, entry in sorted(self._models.items()):
             if not entry.config.is_generative or not entry.versions:
                 continue
             try:
@@ -192,10 +193,10 @@ class DataPlane:
         The wait for the load is bounded by the client's own ``timeout_s`` if it gave one,
         else by the model's ``load_timeout_s`` (a load is not held to ``timeout_s``).
         """
-        record = self.manager.resolve(check_model_name(name), check_version_name(version))
+        record = self._resolve(check_model_name(name), check_version_name(version))
         if record.info is None:
             deadline = None if timeout_s is None else self.clock.monotonic() + timeout_s
-            await self.manager.ensure_ready(record, deadline=deadline)
+            await self.service.ensure_ready(record, deadline=deadline)
         return self.model_metadata(name, version)
 
     async def model_config(
@@ -205,12 +206,12 @@ class DataPlane:
         tensors; see :mod:`modelyard.frontends.triton_config`), loading it to learn its
         tensors as :meth:`model_metadata_loaded` does."""
         meta = await self.model_metadata_loaded(name, version, timeout_s)
-        record = self.manager.resolve(name, check_version_name(version))
+        record = self._resolve(name, check_version_name(version))
         return triton_config(record.config, meta, record.info, bool(self.labels.get(record.path)))
 
     def statistics(self, name: str | None, version: str | None) -> dict[str, object]:
         """Triton's statistics extension (see :func:`~.model_views.model_statistics`)."""
-        return model_statistics(self.manager, name, version)
+        return model_statistics(self.service, name, version)
 
     # ------------------------------------------------------------------ inference
 
@@ -221,7 +222,7 @@ class DataPlane:
         started = self.clock.monotonic()
         metrics = self.metrics
         try:
-            if request.model_name not in self.manager.entries:  # known names were checked
+            if request.model_name not in self._models:  # known names were checked
                 check_model_name(request.model_name)
             if request.model_version:
                 check_version_name(request.model_version)
@@ -232,21 +233,17 @@ class DataPlane:
                 total = count_elements(
                     tensor.name, tensor.array.shape, total, self.max_request_elements
                 )
-            record = self.manager.resolve(request.model_name, request.model_version)
+            record = self._resolve(request.model_name, request.model_version)
         except ServerError as exc:
             if metrics is not None:  # no model label: the name is the client's, unbounded
                 metrics.request_done("", "", exc.code, self.clock.monotonic() - started)
             raise
         # Without a fallback chain or parameters, _infer would only await _infer_on.
-        infer = self._infer if record.config.fallback or request.parameters else None
+        infer = self._infer if record.config.fallback or request.parameters else self._infer_on
         if metrics is None:
-            if infer is None:
-                return await self._infer_on(record, request, started)
             return await infer(record, request, started)
         code: str = OK
         try:
-            if infer is None:
-                return await self._infer_on(record, request, started)
             return await infer(record, request, started)
         except BaseException as exc:
             code = outcome_code(exc)
@@ -291,7 +288,7 @@ class DataPlane:
         return predict_answer(await self.infer(request))
 
     async def _infer(
-        self, record: ModelRecord, request: InferRequest, started: float
+        self, record: ServedVersion, request: InferRequest, started: float
     ) -> InferResponse:
         may_fall_back = allows_fallback(request.parameters) and bool(record.config.fallback)
         try:
@@ -304,7 +301,7 @@ class DataPlane:
 
     async def _fall_back(
         self,
-        record: ModelRecord,
+        record: ServedVersion,
         request: InferRequest,
         started: float,
         error: ServerError,
@@ -314,7 +311,7 @@ class DataPlane:
         request's own deadline (measured from ``started``); else raise ``error``."""
         for name in record.config.fallback:
             try:
-                other = self.manager.resolve(name, None)
+                other = self._resolve(name, None)
                 if record.info is not None and other.info is not None:
                     mismatch = tensor_mismatch(record.info, other.info)
                     if mismatch is not None:
@@ -333,19 +330,31 @@ class DataPlane:
         raise error
 
     async def _infer_on(
-        self, record: ModelRecord, request: InferRequest, started: float
+        self, record: ServedVersion, request: InferRequest, started: float
     ) -> InferResponse:
-        """:meth:`_run_on`, counted in the version's statistics (success or failure)."""
+        """Run ``request`` on ``record`` through the service (route, lease, schedule) and
+        wrap the outputs, counted in the version's statistics (success or failure)."""
+        client_timeout_s = request.timeout_s
+        if client_timeout_s is not None:
+            check_client_timeout(client_timeout_s)
+        prepare = functools.partial(validate_inputs, record.key.name, request)
+        submit = self._submit
         try:
             try:
-                response, batched = await self._run_on(record, request, started)
+                info, outputs = await submit(
+                    record, prepare, request.priority, started, client_timeout_s
+                )
             except (WorkerLostError, WorkerGoneError):
                 # Its worker was lost under it (Ray: its node or actor died), or had died
                 # before its batch ran, so it got no answer: it is routed once more, and
                 # the router waits for the restart within the request's deadline (not the
                 # scheduler, whose estimates would then count the restart as a call's
                 # time).
-                response, batched = await self._run_on(record, request, started)
+                info, outputs = await submit(
+                    record, prepare, request.priority, started, client_timeout_s
+                )
+            batched = info.supports_batching
+            response = self._response(record, request, info, outputs, batched)
         except ServerError:
             record.infer_stats.failed(self.clock.monotonic() - started)
             raise
@@ -353,29 +362,15 @@ class DataPlane:
         record.infer_stats.succeeded(request_rows(request, batched), elapsed_s)
         return response
 
-    async def _run_on(
-        self, record: ModelRecord, request: InferRequest, started: float
-    ) -> tuple[InferResponse, bool]:
-        client_timeout_s = check_client_timeout(request.timeout_s)
-        router = self.router
-        ready = router.enter_ready(record, started, client_timeout_s)
-        if ready is not None:  # the common case, without the context manager's costs
-            info, scheduler, deadline = ready
-            try:
-                inputs = validate_inputs(record, request, info.inputs)
-                outputs = await scheduler.submit(
-                    inputs, priority=request.priority, deadline=deadline
-                )
-            finally:
-                router.leave_ready(record)
-        else:
-            async with router.route_request(record, started, client_timeout_s) as route:
-                info = route.info
-                inputs = validate_inputs(record, request, info.inputs)
-                outputs = await route.scheduler.submit(
-                    inputs, priority=request.priority, deadline=route.deadline
-                )
-        batched = info.supports_batching
+    def _response(
+        self,
+        record: ServedVersion,
+        request: InferRequest,
+        info: InstanceInfo,
+        outputs: dict[str, np.ndarray],
+        batched: bool,
+    ) -> InferResponse:
+        """The outputs the request asked for, refused when over the response limit."""
         response = InferResponse(
             model_name=record.key.name,
             model_version=record.key.version,
@@ -384,7 +379,10 @@ class DataPlane:
                 outputs,
                 info.outputs,
                 batched=batched,
-                labels=functools.partial(self.labels.get, record.path),
+                # Labels are read only for a classification, which names its outputs.
+                labels=functools.partial(self.labels.get, record.path)
+                if request.outputs
+                else tuple,
             ),
             id=request.id,
         )
@@ -395,7 +393,7 @@ class DataPlane:
             size += _raw_size(array) if array.dtype == object else array.nbytes
         if size > self.max_response_bytes:
             self.check_response_bytes(size)
-        return response, batched
+        return response
 
     def check_response_bytes(self, size: int) -> None:
         """PayloadTooLargeError when a response of ``size`` bytes is over the limit."""
@@ -442,7 +440,7 @@ class DataPlane:
     ) -> GenerationCounters:
         """The worker's own counters of a loaded generative model (tokens generated,
         active sequences, KV-cache bytes); ModelNotReadyError when it is not loaded."""
-        return await self.generation_service.counters(
+        return await self.service.generation.counters(
             check_model_name(name), check_version_name(version)
         )
 
@@ -450,7 +448,7 @@ class DataPlane:
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         """``[{"name", "version", "state", "reason"}]`` for every known version."""
-        return repository_rows(self.manager, ready_only)
+        return repository_rows(self.service, ready_only)
 
     async def load(self, name: str, config: object = None) -> None:
         """Load the model's default version (repository extension); ModelNotReadyError
@@ -461,7 +459,7 @@ class DataPlane:
         folder the configuration does not list, or reconfigures an unloaded one.
         """
         name = check_model_name(name)
-        await self.manager.load(name, config=load_config(config))
+        await self.service.load(name, config=load_config(config))
         # Both front ends answer a load only once the model serves: a load that returned
         # without a ready default version is the client's 503, not a silent success.
         if not self.model_ready(name, None):
@@ -469,4 +467,4 @@ class DataPlane:
 
     async def unload(self, name: str) -> None:
         """Unload every loaded version of the model (repository extension)."""
-        await self.manager.unload(check_model_name(name))
+        await self.service.unload(check_model_name(name))

@@ -6,15 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from modelyard.errors import hide_paths
-from modelyard.manager.manager import ModelManager
-from modelyard.manager.records import ModelEntry
-from modelyard.manager.states import ModelState
 from modelyard.protocol.names import check_model_name, check_version_name
 from modelyard.repository.layout import apply_policy
 from modelyard.repository.version_labels import order_key, sort_versions
+from modelyard.service.model_service import ModelService
+from modelyard.service.views import ModelState, ServedModel, ServedVersion
 
 
-def listed_versions(entry: ModelEntry) -> tuple[str, ...]:
+def listed_versions(entry: ServedModel) -> tuple[str, ...]:
     """The versions model metadata lists: those the version policy serves among the
     known ones, plus any an alias routes to (a version the policy dropped is left out,
     even while it waits out its rollback grace period)."""
@@ -25,24 +24,25 @@ def listed_versions(entry: ModelEntry) -> tuple[str, ...]:
 
 
 def model_statistics(
-    manager: ModelManager, name: str | None, version: str | None
+    service: ModelService, name: str | None, version: str | None
 ) -> dict[str, object]:
     """Triton's statistics extension: ``{"model_stats": [...]}`` for every known version
     of every model (no ``name``), of one model, or of one version."""
+    records: list[ServedVersion]
     if name is None:
-        records = list(manager.records())
+        records = list(service.versions())
     elif version:
-        records = [manager.resolve(check_model_name(name), check_version_name(version))]
+        records = [service.resolve(check_model_name(name), check_version_name(version))]
     else:
-        records = list(manager.entry(check_model_name(name)).versions.values())
+        records = list(service.model(check_model_name(name)).versions.values())
     records.sort(key=lambda r: (r.key.name, order_key(r.key.version)))
     return {"model_stats": [r.infer_stats.as_dict(r.key.name, r.key.version) for r in records]}
 
 
-def repository_rows(manager: ModelManager, ready_only: bool) -> list[dict[str, Any]]:
+def repository_rows(service: ModelService, ready_only: bool) -> list[dict[str, Any]]:
     """``[{"name", "version", "state", "reason"}]`` for every known version."""
     rows: list[dict[str, Any]] = []
-    for record in manager.records():
+    for record in service.versions():
         if ready_only and not record.is_ready:
             continue
         state = record.state
@@ -63,9 +63,9 @@ def repository_rows(manager: ModelManager, ready_only: bool) -> list[dict[str, A
                 "name": entry.config.name,
                 "version": "",
                 "state": ModelState.FAILED.value,
-                "reason": manager.missing_reason(entry),
+                "reason": service.missing_reason(entry),
             }
-            for entry in manager.entries.values()
+            for entry in service.models().values()
             if not entry.versions
         ]
     return rows

@@ -9,7 +9,6 @@ import numpy as np
 
 from modelyard.errors import InvalidInputError
 from modelyard.frontends.classification import CLASSIFICATION, classification_k, classify
-from modelyard.manager.records import ModelRecord
 from modelyard.protocol.datatypes import element_size
 from modelyard.protocol.tensors import array_from_binary, output_from_array
 from modelyard.protocol.types import InferOutput, InferRequest
@@ -43,9 +42,7 @@ def _raw_shape(spec: TensorSpec, count: int) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def raw_input_array(
-    record: ModelRecord, raw: bytes, specs: list[TensorSpec]
-) -> tuple[str, np.ndarray]:
+def raw_input_array(model: str, raw: bytes, specs: list[TensorSpec]) -> tuple[str, np.ndarray]:
     """The input name and array of a raw binary request's body (Triton's binary tensor
     extension): the model's only input, its datatype from the metadata, its shape
     deduced from the size.
@@ -55,7 +52,7 @@ def raw_input_array(
     if len(required) != 1:
         raise InvalidInputError(
             "a raw binary request (Inference-Header-Content-Length: 0) needs a model with "
-            f"exactly one input; {record.key.name!r} has {len(required)}"
+            f"exactly one input; {model!r} has {len(required)}"
         )
     spec = required[0]
     if spec.datatype == "BYTES":
@@ -74,15 +71,16 @@ def raw_input_array(
 
 
 def validate_inputs(
-    record: ModelRecord, request: InferRequest, specs: list[TensorSpec]
+    model: str, request: InferRequest, specs: list[TensorSpec]
 ) -> dict[str, np.ndarray]:
-    """The request's input arrays by name, checked against the model's inputs; the
+    """The request's input arrays by name, checked against the inputs of ``model`` (its
+    name, for the messages); the
     requested outputs are checked here too (every transport calls this before the model
     runs): each may be named once. Inputs the model declares optional may be left out."""
     if request.outputs:
         _refuse_repeated_outputs(request)
     if request.raw_input is not None:
-        name, array = raw_input_array(record, request.raw_input, specs)
+        name, array = raw_input_array(model, request.raw_input, specs)
         return {name: array}
     by_name = {s.name: s for s in specs}
     inputs: dict[str, np.ndarray] = {}
@@ -90,8 +88,7 @@ def validate_inputs(
         spec = by_name.get(tensor.name)
         if spec is None:
             raise InvalidInputError(
-                f"model {record.key.name!r} has no input {tensor.name!r}; "
-                f"inputs are: {', '.join(by_name)}"
+                f"model {model!r} has no input {tensor.name!r}; inputs are: {', '.join(by_name)}"
             )
         if tensor.name in inputs:
             raise InvalidInputError(f"input {tensor.name!r} is given twice")
@@ -113,9 +110,7 @@ def validate_inputs(
         else [n for n, s in by_name.items() if n not in inputs and not s.optional]
     )
     if missing:
-        raise InvalidInputError(
-            f"model {record.key.name!r} needs input(s) {', '.join(missing)}, not given"
-        )
+        raise InvalidInputError(f"model {model!r} needs input(s) {', '.join(missing)}, not given")
     return inputs
 
 

@@ -21,7 +21,7 @@ from modelyard.config.model_config import ModelConfig, VersionPolicy
 from modelyard.frontends.classification import LABELS_FILE
 from modelyard.protocol.types import ModelMetadata
 from modelyard.runtimes.base import TensorSpec
-from modelyard.workers.instance import InstanceInfo
+from modelyard.service.views import InstanceInfo
 
 BACKENDS = {
     "onnx": "onnxruntime",

@@ -60,18 +60,7 @@ def replica_execute(record: ModelRecord, holder: Holder, clock: Clock) -> Execut
 
     async def execute(batch: dict[str, np.ndarray], deadline: float) -> dict[str, np.ndarray]:
         try:
-            # run_on(holder, ...) unrolled: one coroutine less on every request.
-            instance = holder.instance
-            if instance is None or not instance.is_alive:
-                raise _gone(record)
-            remaining = deadline - clock.monotonic()
-            if remaining <= 0:
-                raise DeadlineExceededError(f"model {record.key}: deadline passed before it ran")
-            holder.in_flight += 1
-            try:
-                return await instance.infer(batch, remaining)
-            finally:
-                holder.in_flight -= 1
+            return await run_on(holder, batch, deadline)
         except (WorkerCrashedError, ModelNotReadyError):
             sibling = live_sibling(record, holder)
             if sibling is None:

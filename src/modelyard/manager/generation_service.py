@@ -57,7 +57,7 @@ class GenerationService:
     def target(self, name: str, version: str | None) -> GenerationTarget:
         """The version ``name`` at ``version`` (a version, an alias or the default)
         resolves to now (ModelNotFoundError when unknown)."""
-        record = self._manager.resolve(name, version)
+        record = self._router.resolve(name, version)
         return GenerationTarget(
             name=record.key.name,
             version=record.key.version,
@@ -119,14 +119,14 @@ class GenerationService:
     async def counters(self, name: str, version: str | None = None) -> GenerationCounters:
         """The worker's own counters of a loaded generative model (tokens it generated,
         active sequences, KV-cache bytes); ModelNotReadyError when it is not loaded."""
-        record = self._manager.resolve(name, version)
+        record = self._router.resolve(name, version)
         instance = record.instance
         if not record.is_ready or not isinstance(instance, GenerativeInstance):
             raise ModelNotReadyError(f"model {record.key} is not a loaded generative model")
         return await instance.generation_counters()
 
     def _record(self, target: GenerationTarget) -> ModelRecord:
-        record = self._manager.resolve(target.name, target.version)
+        record = self._router.resolve(target.name, target.version)
         if record.key != ModelKey(target.name, target.version):
             raise InvalidInputError(f"model {target.name!r} has no version {target.version!r}")
         return record

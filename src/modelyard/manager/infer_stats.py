@@ -63,7 +63,9 @@ class InferStats:
 
     def succeeded(self, rows: int, seconds: float) -> None:
         """A request of ``rows`` inferences answered after ``seconds``, now."""
-        self.success.add(seconds)
+        success = self.success  # Duration.add, inline: this runs on every request
+        success.count += 1
+        success.ns += int(seconds * 1e9)
         self.inference_count += rows
         self.last_inference_ms = int(time.time() * 1000)
 

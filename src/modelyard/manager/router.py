@@ -23,11 +23,14 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 
+import numpy as np
+
 from modelyard.clock import Clock
 from modelyard.errors import ModelNotReadyError
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord, Replica
 from modelyard.protocol.types import check_client_timeout
+from modelyard.runtimes.base import TensorSpec
 from modelyard.scheduling.scheduler import ModelScheduler
 from modelyard.workers.instance import InstanceInfo
 
@@ -68,6 +71,7 @@ class Router:
         on_load_wait: Callable[[ModelRecord, float], None] | None = None,
     ) -> None:
         self.manager = manager
+        self._registry = manager.registry
         self._clock = clock or manager.clock
         self.on_load_wait = on_load_wait
         """Called with the seconds a request waited for its model to load (metrics)."""
@@ -91,8 +95,9 @@ class Router:
         return b if load_b < load_a else a
 
     def resolve(self, name: str, version: str | None) -> ModelRecord:
-        """The record serving ``name`` at ``version`` (a version, an alias, or the default)."""
-        return self.manager.resolve(name, version)
+        """The record serving ``name`` at ``version`` (a version, an alias, or the default):
+        every request's first step, whatever its kind. ModelNotFoundError otherwise."""
+        return self._registry.resolve(name, version)
 
     def route_request(
         self, record: ModelRecord, started: float, client_timeout_s: float | None
@@ -105,37 +110,68 @@ class Router:
             client_timeout_s=client_timeout_s,
         )
 
-    def enter_ready(
-        self, record: ModelRecord, started: float, client_timeout_s: float | None
-    ) -> tuple[InstanceInfo, ModelScheduler, float] | None:
-        """:meth:`route_request` without its context manager, for the common case: a
-        version with no extra replica that is ready and accepting now. Touches and leases
-        it as :meth:`route` does and returns ``(info, scheduler, deadline)``; the caller
-        must call :meth:`leave_ready` once the request is done. None (nothing touched or
-        leased): take :meth:`route_request`.
+    async def submit(
+        self,
+        record: ModelRecord,
+        prepare: Callable[[list[TensorSpec]], dict[str, np.ndarray]],
+        priority: int | None,
+        started: float,
+        client_timeout_s: float | None,
+    ) -> tuple[InstanceInfo, dict[str, np.ndarray]]:
+        """Run one request on ``record``: route it (:meth:`route_request`), turn it into
+        the inputs of the instance it reached (``prepare``: checked against that
+        instance's input tensors) and submit them to that replica's scheduler within the
+        request's deadline; the instance's metadata and the outputs.
 
-        The checks run before the touch; the touch cannot change them (a prediction it
-        acts on never displaces the model being asked for, see ``anticipation.py``).
+        The one way an inference request reaches a scheduler. A version ready and
+        accepting now is leased without the context manager (most requests: no
+        generator, no :class:`Route`), with the same touch and lease as :meth:`route`.
         """
-        if record.replicas or not record.is_ready:
-            return None
-        info = record.info
-        scheduler = record.scheduler
-        if info is None or scheduler is None or not scheduler.is_accepting:
-            return None
         timeout_s = record.config.timeout_s
         if client_timeout_s is not None and client_timeout_s < timeout_s:
             timeout_s = client_timeout_s
-        self.manager.touch(record)
-        record.leases += 1
-        record.route_leases += 1
-        return info, scheduler, started + timeout_s
+        replica = self.pick(record) if record.replicas else None
+        holder = record if replica is None else replica
+        info = holder.info
+        scheduler = holder.scheduler
+        if (
+            info is not None
+            and scheduler is not None
+            and scheduler.is_accepting
+            and (replica is not None or record.is_ready)
+        ):
+            self.manager.touch(record)
+            record.leases += 1
+            self._lease(record, replica)
+            try:
+                outputs = await scheduler.submit(
+                    prepare(info.inputs), priority=priority, deadline=started + timeout_s
+                )
+            finally:
+                self._release(record, replica)
+                record.leases -= 1
+            return info, outputs
+        async with self.route_request(record, started, client_timeout_s) as route:
+            info = route.info
+            outputs = await route.scheduler.submit(
+                prepare(info.inputs), priority=priority, deadline=route.deadline
+            )
+        return info, outputs
+
+    def _lease(self, record: ModelRecord, replica: Replica | None) -> None:
+        """Pin the replica a request runs on until :meth:`_release` (None: the first)."""
+        if replica is None:
+            record.route_leases += 1
+        else:
+            replica.leases += 1
+            replica.last_busy = self._clock.monotonic()
 
     @staticmethod
-    def leave_ready(record: ModelRecord) -> None:
-        """Release what :meth:`enter_ready` leased."""
-        record.route_leases -= 1
-        record.leases -= 1
+    def _release(record: ModelRecord, replica: Replica | None) -> None:
+        if replica is None:
+            record.route_leases -= 1
+        else:
+            replica.leases -= 1
 
     @asynccontextmanager
     async def route(
@@ -186,18 +222,11 @@ class Router:
                     if attempt + 1 < ROUTE_ATTEMPTS:
                         continue
                     raise ModelNotReadyError(f"model {record.key} is not ready: {record.reason}")
-                if replica is None:
-                    record.route_leases += 1
-                else:
-                    replica.leases += 1
-                    replica.last_busy = clock.monotonic()
+                self._lease(record, replica)
                 try:
                     yield Route(record, replica, info, scheduler, deadline)
                 finally:
-                    if replica is None:
-                        record.route_leases -= 1
-                    else:
-                        replica.leases -= 1
+                    self._release(record, replica)
                 return
         finally:
             record.leases -= 1

@@ -13,7 +13,7 @@ same name, help text and labels.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily, Metric
@@ -39,6 +39,24 @@ class HistogramChild:
         # bisect_left: a value equal to a bound belongs to that bound's bucket (le="...").
         self.counts[bisect_left(self._bounds, value)] += 1
         self.total += value
+
+    def observe_each(self, values: Iterable[float]) -> None:
+        """:meth:`observe` for each of ``values``, in order (one call for a batch)."""
+        counts, bounds, total = self.counts, self._bounds, self.total
+        for value in values:
+            counts[bisect_left(bounds, value)] += 1
+            total += value
+        self.total = total
+
+    def observe_repeated(self, value: float, times: int) -> None:
+        """:meth:`observe` of ``value`` ``times`` times (the same sum, added in turn)."""
+        if times <= 0:
+            return
+        self.counts[bisect_left(self._bounds, value)] += times
+        total = self.total
+        for _ in range(times):
+            total += value
+        self.total = total
 
 
 class FastHistogram(Collector):

@@ -349,7 +349,7 @@ class Metrics:
                 m.request_seconds.observe(total_s)
                 if m.seed_latency_ms is not None:
                     m.seed_latency_ms.observe(total_s * 1000.0)
-                m.recent.request(second, total_s, is_error=False)
+                m.recent.succeeded(second, total_s)
                 seen = succeeded.get(id(m))
                 succeeded[id(m)] = (m, 1 if seen is None else seen[1] + 1)
             for m, n in succeeded.values():  # one counter lock per version, not per request
@@ -361,9 +361,8 @@ class Metrics:
         for m, rows, queue_waits_s, compute_s in calls:
             m.batch_rows.observe(rows)
             m.batch_compute_seconds.observe(compute_s)
-            for wait_s in queue_waits_s:
-                m.queue_seconds.observe(wait_s)
-                m.compute_seconds.observe(compute_s)
+            m.queue_seconds.observe_each(queue_waits_s)
+            m.compute_seconds.observe_repeated(compute_s, len(queue_waits_s))
 
     def fallback(self, model: str, fallback: str, reason: str) -> None:
         """A request for ``model`` was answered by ``fallback`` because of ``reason``."""

@@ -86,6 +86,14 @@ class RecentTraffic:
         bucket.errors += is_error
         bucket.client_errors += is_client_error
 
+    def succeeded(self, second: int, latency_s: float) -> None:
+        """:meth:`request` for a success (the common case, counted in batches by the
+        metrics' fold): the current second's bucket without a call to find it."""
+        bucket = self._open
+        if bucket is None or bucket.second != second:
+            bucket = self._at(second)
+        bucket.add(latency_s)
+
     def generation(self, second: int, ttft_s: float, tokens: int) -> None:
         """Count one generation stream that ended: its time to first token and tokens."""
         bucket = self._at(second)

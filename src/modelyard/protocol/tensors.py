@@ -154,7 +154,8 @@ def output_from_array(name: str, array: np.ndarray) -> InferOutput:
             if array.size
             else array.astype(object)
         )
-    return InferOutput(name, v2_datatype(array.dtype), tuple(map(int, array.shape)), array)
+    # ndarray.shape is a tuple of Python ints already: no conversion per output.
+    return InferOutput(name, v2_datatype(array.dtype), array.shape, array)
 
 
 def json_data(out: InferOutput) -> list[Any]:

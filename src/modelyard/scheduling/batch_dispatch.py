@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Iterator
 
 from modelyard.errors import (
@@ -128,15 +129,26 @@ class BatchDispatcher(SchedulerCore):
         letting them time out in the queue while it runs."""
         if not self.config.early_rejection or self.config.max_concurrency != 1:
             return
-        predict_s = self._service.predict_s
+        service = self._service
+        predict_s = service.predict_s
         batch_s = predict_s(total_rows(batch))
         if batch_s is None:
             return
-        # The queue is walked after every batch: no generator or estimate per request
-        # (rows repeat, so their call times are looked up once per size).
+        queue = self._queue
+        upper_s = service.upper_s
+        # Any request's limit is at most batch_s + LATE_CALLS * upper_s (no call is
+        # predicted above upper_s): when even the earliest deadline is further away,
+        # nothing is late and the queue is not walked (most batches under load).
+        if upper_s is not None and queue.earliest_deadline - now >= batch_s + LATE_CALLS * upper_s:
+            return
+        # No generator or estimate per request (rows repeat, so their call times are
+        # looked up once per size).
         limits_s: dict[int, float] = {}
         late = []
-        for request in self._queue:
+        earliest = math.inf
+        for request in queue:
+            if request.deadline < earliest:
+                earliest = request.deadline
             if request.probe:
                 continue
             rows = request.rows
@@ -145,6 +157,7 @@ class BatchDispatcher(SchedulerCore):
                 limit_s = limits_s[rows] = batch_s + LATE_CALLS * (predict_s(rows) or 0)
             if request.deadline - now < limit_s:
                 late.append(request)
+        queue.note_earliest(earliest)
         for request in late:
             self._refuse_late(request, now)
 

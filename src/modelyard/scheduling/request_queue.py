@@ -74,6 +74,10 @@ class RequestQueue:
         """Requests queued (``len()``, as an attribute: read on every request)."""
         self.rows = 0
         """Rows of every queued request together (an upper bound of any rows ahead)."""
+        self.earliest_deadline = math.inf
+        """At most the earliest deadline of any queued request (a lower bound: lowered by
+        :meth:`push`, left as is when requests leave, reset when the queue empties; a walk
+        over the queue may raise it to the true earliest with :meth:`note_earliest`)."""
 
     def __len__(self) -> int:
         return self.size
@@ -93,6 +97,8 @@ class RequestQueue:
         self._levels.setdefault(request.priority, deque()).append(request)
         self.size += 1
         self.rows += request.rows
+        if request.deadline < self.earliest_deadline:
+            self.earliest_deadline = request.deadline
 
     def remove(self, request: QueuedRequest) -> bool:
         """Take ``request`` out wherever it is; False when it was not queued."""
@@ -107,6 +113,8 @@ class RequestQueue:
         self.rows -= request.rows
         if not level:
             del self._levels[request.priority]
+            if not self.size:
+                self.earliest_deadline = math.inf
         return True
 
     def take(self, requests: Iterable[QueuedRequest]) -> None:
@@ -122,8 +130,15 @@ class RequestQueue:
                 self.rows -= request.rows
                 if not level:
                     del levels[request.priority]
+                    if not self.size:
+                        self.earliest_deadline = math.inf
             else:
                 self.remove(request)
+
+    def note_earliest(self, deadline: float) -> None:
+        """Record ``deadline`` as the earliest of the queued requests' (the caller walked
+        all of them); see :attr:`earliest_deadline`."""
+        self.earliest_deadline = deadline
 
     def ordered(self, now: float) -> Iterator[QueuedRequest]:
         """Every queued request in dispatch order at ``now``; do not mutate while iterating."""
@@ -149,4 +164,5 @@ class RequestQueue:
         self._levels.clear()
         self.size = 0
         self.rows = 0
+        self.earliest_deadline = math.inf
         return requests

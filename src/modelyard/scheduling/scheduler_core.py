@@ -288,9 +288,11 @@ class SchedulerCore:
 
     def _note_arrival(self, priority: int, rows: int, now: float) -> None:
         """Count an admitted request toward its priority's arrival rate."""
-        self._arrivals.append((now, priority, rows))
+        arrivals = self._arrivals
+        arrivals.append((now, priority, rows))
         self._arrival_rows[priority] = self._arrival_rows.get(priority, 0) + rows
-        self._forget_arrivals(now)
+        if arrivals[0][0] < now - ARRIVAL_WINDOW_S:  # the check, without a call per request
+            self._forget_arrivals(now)
 
     def _forget_arrivals(self, now: float) -> None:
         arrivals, by_priority = self._arrivals, self._arrival_rows
@@ -318,11 +320,12 @@ class SchedulerCore:
             # admission_bound_s (from the queued and running rows alone): a deadline well
             # beyond it (most requests) is admitted without estimating, with the same
             # outcome, and without the estimate's walk over the queue.
+            in_call = self._in_call
             bound_s = admission_bound_s(
                 self._service,
                 queued_rows=self._queue.rows,
                 own_rows=rows,
-                running_rows=[call.rows for call in self._in_call.values()],
+                running_rows=[call.rows for call in in_call.values()] if in_call else (),
                 batch_cap=self._limits()[0],
             )
             if bound_s is None:

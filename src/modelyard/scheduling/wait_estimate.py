@@ -258,14 +258,27 @@ def admission_bound_s(
     upper_s = service.upper_s
     if upper_s is None:
         return None
-    largest = max(1, service.largest_rows)
-    cap = max(1, batch_cap)
-    own = max(1, own_rows)
-    calls = [max(0, rows) for rows in running_rows]
-    rows = max(0, queued_rows) + own
-    busy_s = upper_s * max(1.0, min(calls) / largest) if calls else 0.0
-    work_s = -(-rows // cap) * upper_s * max(1.0, cap / largest)
-    slack_s = upper_s * max(1.0, own / largest)
+    # max(1, x) and max(0, x) written as conditionals: this runs on every request.
+    largest = service.largest_rows if service.largest_rows > 1 else 1
+    cap = batch_cap if batch_cap > 1 else 1
+    own = own_rows if own_rows > 1 else 1
+    rows = (queued_rows if queued_rows > 0 else 0) + own
+    busy_s = 0.0
+    running = 0
+    shortest = -1
+    for r in running_rows:
+        if r < 0:
+            r = 0
+        if shortest < 0 or r < shortest:
+            shortest = r
+        running += r if r > 1 else 1
+    if shortest >= 0:
+        ratio = shortest / largest
+        busy_s = upper_s * (ratio if ratio > 1.0 else 1.0)
+    ratio = cap / largest
+    work_s = -(-rows // cap) * upper_s * (ratio if ratio > 1.0 else 1.0)
+    ratio = own / largest
+    slack_s = upper_s * (ratio if ratio > 1.0 else 1.0)
     by_batch_s = (busy_s + work_s) / MIN_SHARE + slack_s
-    by_row_s = upper_s * ((rows + sum(max(1, r) for r in calls)) / MIN_SHARE + own)
-    return min(by_batch_s, by_row_s)
+    by_row_s = upper_s * ((rows + running) / MIN_SHARE + own)
+    return by_batch_s if by_batch_s < by_row_s else by_row_s

@@ -220,3 +220,25 @@ async def test_a_dead_replica_is_dropped_and_its_memory_given_back(tmp_path: Pat
     manager.scaler.tick()  # still below min: a new one starts
     await until(lambda: len(ready_replicas(record)) == 1)
     await manager.close()
+
+
+async def test_submit_runs_on_the_replica_the_router_picked(tmp_path: Path) -> None:
+    manager, clock, _, record = await two_replicas(tmp_path)
+    router = Router(manager)
+    [replica] = record.replicas
+    record.route_leases = 3  # the first replica looks busier: the other one is picked
+    seen: list[int] = []
+
+    def prepare(specs: object) -> dict[str, np.ndarray]:
+        seen.append(replica.leases)
+        return {"x": np.ones((1, 1), np.float32)}
+
+    calls = replica.scheduler.counters["accepted"] if replica.scheduler else 0
+    _, out = await router.submit(record, prepare, None, clock.monotonic(), None)
+    assert out["x"].shape == (1, 1)
+    assert seen == [1], "the replica is leased while the request is submitted"
+    assert replica.leases == 0
+    assert replica.scheduler is not None
+    assert replica.scheduler.counters["accepted"] == calls + 1, "it ran on the replica"
+    assert record.route_leases == 3, "the first replica was not leased"
+    await manager.close()

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from modelyard.config.model_config import ModelConfig
 from modelyard.config.settings import DeviceConfig, ServerSettings
-from modelyard.errors import ModelNotReadyError
+from modelyard.errors import DeadlineExceededError, ModelNotReadyError
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.records import ModelRecord
 from modelyard.manager.router import ROUTE_ATTEMPTS, Router
+from modelyard.runtimes.base import TensorSpec
 from modelyard.scheduling import ModelScheduler, SchedulerConfig
 from modelyard.workers.instance import InstanceInfo, StartRequest
 from tests.fakes.clock import FakeClock
@@ -132,4 +134,71 @@ async def test_an_evicted_version_is_loaded_again_for_the_request(tmp_path: Path
     assert out["x"].tolist() == [[1.0]]
     assert record.stats.loads == 2
     assert len(waits) == 1
+    await manager.close()
+
+
+def _prepare_seeing(record: ModelRecord, seen: list[tuple[int, int]]) -> Any:
+    """A ``prepare`` that notes the version's leases while the request is being submitted."""
+
+    def prepare(specs: list[TensorSpec]) -> dict[str, np.ndarray]:
+        seen.append((record.leases, record.route_leases))
+        return {"x": np.ones((1, 1), np.float32)}
+
+    return prepare
+
+
+async def test_submit_hot_loads_a_cold_version_then_runs_it(tmp_path: Path) -> None:
+    router, manager, clock, waits = make_router(tmp_path)
+    record = router.resolve("m", None)
+    seen: list[tuple[int, int]] = []
+    info, out = await router.submit(
+        record, _prepare_seeing(record, seen), None, clock.monotonic(), None
+    )
+    assert out["x"].tolist() == [[1.0]]
+    assert info is record.info
+    assert seen == [(1, 1)], "leased while it was submitted"
+    assert (record.leases, record.route_leases) == (0, 0), "and released after"
+    assert waits == [pytest.approx(LOAD_S)], "the load's wait is reported"
+    assert record.stats.requests == 1
+    await manager.close()
+
+
+async def test_submit_on_a_ready_version_leases_and_touches_it_as_route_does(
+    tmp_path: Path,
+) -> None:
+    router, manager, clock, waits = make_router(tmp_path)
+    record = router.resolve("m", None)
+    await manager.ensure_ready(record, deadline=None)
+    seen: list[tuple[int, int]] = []
+    for _ in range(3):
+        await router.submit(record, _prepare_seeing(record, seen), 2, clock.monotonic(), 5.0)
+    assert seen == [(1, 1)] * 3
+    assert (record.leases, record.route_leases) == (0, 0)
+    assert record.stats.requests == 3, "each request is noted (LRU, learning)"
+    assert waits == [], "no load waited for"
+    await manager.close()
+
+
+async def test_submit_refuses_a_client_deadline_already_passed(tmp_path: Path) -> None:
+    router, manager, clock, _ = make_router(tmp_path)
+    record = router.resolve("m", None)
+    await manager.ensure_ready(record, deadline=None)
+    started = clock.monotonic()
+    clock.advance(2.0)
+    with pytest.raises(DeadlineExceededError):
+        # The client's 1 s caps the model's timeout_s: the deadline passed before queueing.
+        await router.submit(record, _prepare_seeing(record, []), None, started, 1.0)
+    assert (record.leases, record.route_leases) == (0, 0), "released on failure too"
+    await manager.close()
+
+
+async def test_submit_to_a_draining_version_is_routed_again_and_refused(tmp_path: Path) -> None:
+    router, manager, clock, _ = make_router(tmp_path)
+    record = router.resolve("m", None)
+    await manager.ensure_ready(record, deadline=None)
+    assert record.scheduler is not None
+    await record.scheduler.drain()
+    with pytest.raises(ModelNotReadyError):
+        await router.submit(record, _prepare_seeing(record, []), None, clock.monotonic(), None)
+    assert record.leases == 0
     await manager.close()

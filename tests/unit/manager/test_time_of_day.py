@@ -95,3 +95,22 @@ def test_memory_is_bounded_and_bad_settings_are_refused() -> None:
             TimeOfDay(100.0, bins=bins, ahead=ahead, prior=prior)
     with pytest.raises(ValueError, match="period_s"):
         TimeOfDay(0.0)
+
+
+def test_a_run_leaves_what_one_observation_at_a_time_leaves() -> None:
+    # Runs inside one bin (the batches of a loop turn) and runs that cross bins, days
+    # and parities, with fractional weights: the counts must be equal, not close.
+    batched, single = TimeOfDay(100.0, bins=10), TimeOfDay(100.0, bins=10)
+    runs = [
+        [5.0, 5.001, 5.5, 9.999],
+        [10.0, 10.0],
+        [19.99, 20.0, 20.01],
+        [99.5, 100.0, 150.0, 205.0],
+        [399.999999, 400.0],
+    ]
+    for n, times in enumerate(runs):
+        weights = [0.1 * (i + n + 1) for i in range(len(times))]
+        batched.observe_run("m", times, weights)
+        for at, weight in zip(times, weights, strict=True):
+            single.observe("m", at, weight)
+    assert batched._counts == single._counts
