@@ -193,9 +193,16 @@ class Peer:
     """``python -m llama_cpp.server --config_file`` with several models, one loaded at a time."""
 
     def __init__(
-        self, files: dict[str, Path], root: Path, python: str, extra_path: str | None
+        self,
+        files: dict[str, Path],
+        root: Path,
+        python: str,
+        extra_path: str | None,
+        launcher: Sequence[str] = ("-m", "llama_cpp.server"),
     ) -> None:
         self.port = _server.free_port()
+        self.launcher = list(launcher)
+        """How ``python`` starts the server (``bench/llama_mapped.py``: mapped weights)."""
         config = {
             "host": "127.0.0.1",
             "port": self.port,
@@ -234,7 +241,7 @@ class Peer:
             )
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
-                [self.python, "-m", "llama_cpp.server", "--config_file", str(self.config)],
+                [self.python, *self.launcher, "--config_file", str(self.config)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
