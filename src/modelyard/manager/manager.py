@@ -342,7 +342,10 @@ class ModelManager:
                 await self.scaler.stop_all(record, reason)
             if record.scheduler is not None:
                 await record.scheduler.drain()
-            while record.in_flight > 0:
+            # Streams of a generative model hold a route lease, not the scheduler, from
+            # routing to their last token: an eviction used to stop the worker under
+            # them (503 "this replica was stopped" mid-stream, bench_llm_sizes.py table).
+            while record.in_flight > 0 or record.route_leases > 0:
                 await asyncio.sleep(0.005)
         if record.replicas:  # replicas of a model that failed or is already draining
             await self.scaler.stop_all(record, reason)
