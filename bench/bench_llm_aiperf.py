@@ -99,23 +99,45 @@ def run_aiperf(
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
         return {"error": f"aiperf rc {proc.returncode}: {(proc.stdout + proc.stderr)[-3000:]}"}
-    exports = sorted(out.rglob("*aiperf*.json"))
+    exports = sorted(out.rglob("profile_export_aiperf.json"))
     if not exports:
         return {"error": f"no aiperf export under {out}: {proc.stdout[-2000:]}"}
-    data = json.loads(exports[0].read_text(encoding="utf-8"))
+    raw = exports[0].read_text(encoding="utf-8")
+    (_server.RESULTS_DIR / f"aiperf_{out.name}.json").write_text(raw, encoding="utf-8")
+    metrics = find_metrics(json.loads(raw))
     return {
-        key: {k: data[key][k] for k in ("avg", "p50", "p99", "unit") if k in data[key]}
-        for key in (
-            "time_to_first_token",
-            "inter_token_latency",
-            "output_token_throughput",
-            "request_throughput",
-            "request_latency",
-            "output_sequence_length",
-            "request_count",
-        )
-        if isinstance(data.get(key), dict)
+        key: {k: metrics[key][k] for k in ("avg", "p50", "p99", "unit") if k in metrics[key]}
+        for key in METRICS
+        if isinstance(metrics.get(key), dict)
     }
+
+
+METRICS = (
+    "time_to_first_token",
+    "inter_token_latency",
+    "output_token_throughput",
+    "request_throughput",
+    "request_latency",
+    "output_sequence_length",
+    "request_count",
+)
+
+
+def find_metrics(data: Any) -> dict[str, Any]:
+    """The dict in aiperf's export that holds ``time_to_first_token`` (wherever it nests)."""
+    if isinstance(data, dict):
+        if isinstance(data.get("time_to_first_token"), dict):
+            return data
+        for value in data.values():
+            found = find_metrics(value)
+            if found:
+                return found
+    elif isinstance(data, list):
+        for value in data:
+            found = find_metrics(value)
+            if found:
+                return found
+    return {}
 
 
 def run_own(args: Any, url: str, extra: dict[str, Any] | None) -> dict[str, float]:
@@ -209,6 +231,8 @@ def report(results: dict[str, Any]) -> str:
     rows = []
     for system, r in results.items():
         a = r["aiperf"]
+        if "time_to_first_token" not in a:
+            a = {"error": str(a.get("error", f"no TTFT in aiperf's export: {sorted(a)}"))}
         if "error" in a:
             rows.append([system, "aiperf", a["error"][:200], "", "", ""])
         else:
