@@ -395,7 +395,8 @@ TABLE_BUDGETS_MB = {"one": 8.6 * 1024, "both": 13 * 1024}
 
 
 def table_system(name: str) -> tuple[str, dict[str, Any]]:
-    """A table system's budget key and settings: ``one``, ``one-nopred``, ``both``..."""
+    """A table system's budget key and settings: ``one``, ``one-nopred``, ``both``,
+    ``both-p1`` (one sequence slot per model)..."""
     budget, _, flag = name.partition("-")
     settings: dict[str, Any] = {"metrics": {"seed_names": True}}
     if flag == "nopred":
@@ -485,7 +486,8 @@ def _switch_totals(server: _server.Server) -> dict[str, float]:
 def table_modelyard(args: Any, root: Path, files: dict[str, Path], name: str) -> dict[str, Any]:
     """One modelyard configuration through the levels."""
     budget, settings = table_system(name)
-    models = size_models(files, args.threads, parallel=args.parallel, n_ctx=args.n_ctx)
+    parallel = 1 if name.endswith("-p1") else args.parallel  # e.g. both-p1: one slot
+    models = size_models(files, args.threads, parallel=parallel, n_ctx=args.n_ctx)
     cfg = _server.write_config(
         root, models, name=f"{name}.yaml", budget_mb=TABLE_BUDGETS_MB[budget]
     )
@@ -578,13 +580,15 @@ def table(args: Any) -> dict[str, Any]:
         model_path=str(files["7b"]), vocab_only=True, verbose=False
     )
     results: dict[str, Any] = {"file_mib": sum(p.stat().st_size for p in files.values()) / 2**20}
-    for system in args.systems.split(","):
-        if system == "peer":
+    for i, system in enumerate(args.systems.split(",")):
+        if system in results:  # a system named twice (an A/B): its runs kept apart
+            system = f"{system}#{i}"
+        if system.startswith("peer"):
             results[system] = table_peer(args, root, files)
-        elif system == "bare":
+        elif system.startswith("bare"):
             results[system] = table_bare(args, files)
         else:
-            results[system] = table_modelyard(args, root, files, system)
+            results[system] = table_modelyard(args, root, files, system.split("#")[0])
     return results
 
 
