@@ -21,7 +21,12 @@ import pytest
 
 from modelyard.app import App
 from modelyard.errors import InvalidInputError, WorkerCrashedError
-from modelyard.protocol.generate import ChatMessage, GenerateRequest, SamplingParams
+from modelyard.protocol.generate import (
+    ChatMessage,
+    GenerateChunk,
+    GenerateRequest,
+    SamplingParams,
+)
 from tests.integration.llm_models import (
     N_CTX,
     N_TOKENS,
@@ -297,6 +302,31 @@ async def test_two_gguf_models_evict_each_other_under_a_budget_for_one(llm_root:
             assert r.status_code == 200, r.text
             ready = {row["name"] for row in app.dataplane.repository_index(ready_only=True)}
             assert ready == {name}
+        events = [e.kind for e in app.manager.events.recent()]
+        assert events.count("evicted") >= 2
+
+
+async def test_evictions_let_the_victims_streams_finish(llm_root: Path) -> None:
+    # Two models under a budget that holds one, sixteen streams at once asking them in
+    # turn: each load evicts the other model while it still has streams running or
+    # queued for a slot. The eviction drains them (every stream gets all its tokens);
+    # it used to stop the worker under them (503 "this replica was stopped").
+    gen = {"n_ctx": 64, "parallel": 4}
+    a, b = llm_model("llama-a", generation=gen), llm_model("llama-b", generation=gen)
+    async with running_server(_config(llm_root, a, b, budget_mb=31)) as (app, _):
+
+        async def one(model: str) -> GenerateChunk:
+            request = GenerateRequest(
+                model, None, PROMPT, None, SamplingParams(max_tokens=8, temperature=0.0)
+            )
+            async for chunk in app.dataplane.generate(request):
+                last = chunk
+            return last
+
+        for _ in range(2):
+            names = ["llama-a" if i % 2 == 0 else "llama-b" for i in range(16)]
+            lasts = await asyncio.gather(*(one(name) for name in names))
+            assert [c.completion_tokens for c in lasts] == [8] * 16
         events = [e.kind for e in app.manager.events.recent()]
         assert events.count("evicted") >= 2
 

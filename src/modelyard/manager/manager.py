@@ -349,6 +349,11 @@ class ModelManager:
             if record.replicas:
                 await self.scaler.stop_all(record, reason)
             await record.first.drain()
+            # Streams of a generative model hold a route lease from routing to their last
+            # token: an eviction used to stop the worker under them (503 "this replica
+            # was stopped" mid-stream, bench_llm_sizes.py table).
+            while record.route_leases > 0:
+                await asyncio.sleep(0.005)
         if record.replicas:  # replicas of a model that failed or is already draining
             await self.scaler.stop_all(record, reason)
         if record.state is ModelState.DRAINING:
