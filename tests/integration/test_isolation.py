@@ -143,7 +143,8 @@ async def _until(condition: Callable[[], bool], within: float, what: str) -> Non
 def _gone(pid: int) -> bool:
     """The process no longer runs (a zombie awaiting its reaper counts as gone)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        # Dead (X): its parent is reaping it right now.
+        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
     except psutil.NoSuchProcess:
         return True
 

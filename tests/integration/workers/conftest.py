@@ -177,8 +177,9 @@ async def start_instance(factory: WorkerFactory) -> AsyncIterator[Starter]:
 
 
 def is_gone(pid: int) -> bool:
-    """True once ``pid`` has exited (a zombie not yet reaped by init counts as gone)."""
+    """True once ``pid`` has exited (a zombie not yet reaped counts as gone, and so does
+    one its parent is reaping right now: state X, dead)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
     except psutil.NoSuchProcess:
         return True

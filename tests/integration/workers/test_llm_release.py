@@ -32,7 +32,8 @@ def _exited(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         # Reaped before the open (no file) or between the open and the read (ESRCH).
         return True
-    return "\nState:\tZ" in status
+    # A zombie, or dead (X): being reaped by its parent, the fork server, right now.
+    return "\nState:\tZ" in status or "\nState:\tX" in status
 
 
 async def test_a_stopping_llama_worker_releases_its_model_before_it_exits(

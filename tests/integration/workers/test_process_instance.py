@@ -34,7 +34,8 @@ def _has_exited(pid: int) -> bool:
     """Gone, or a zombie its reaper (the fork server) has not collected yet: either way
     its memory is freed (a stop returns at the exit, not at the reaping)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        # Dead (X): its parent is reaping it right now.
+        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
     except psutil.NoSuchProcess:
         return True
 
