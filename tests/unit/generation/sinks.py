@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from modelyard.protocol.generate import TokenLogprob
+from modelyard.runtimes.generation import GenerationJob
 
 
 @dataclass
@@ -60,3 +62,20 @@ class CollectingSink:
         r = self._of(seq)
         assert r.done.wait(timeout_s), f"job {seq} did not end"
         return r
+
+
+GREEDY: dict[str, Any] = {
+    "messages": None,
+    "max_tokens": 8,
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "seed": None,
+    "stop": (),
+}
+"""A generation job's fields for 8 greedy tokens (override any by keyword)."""
+
+
+def greedy_job(seq: int, prompt: str, **fields: Any) -> GenerationJob:
+    """Job ``seq`` generating from ``prompt`` with :data:`GREEDY`'s fields and ``fields``."""
+    return GenerationJob(seq, prompt, **(GREEDY | fields))

@@ -4,7 +4,6 @@ model (real llama.cpp, a tiny GGUF and random adapters written here)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,7 +20,7 @@ from modelyard.workers.messages import (
     DetachAdapter,
     Failed,
 )
-from tests.unit.generation.sinks import CollectingSink
+from tests.unit.generation.sinks import CollectingSink, greedy_job
 
 pytest.importorskip("llama_cpp", reason="the llm extra runs GGUF models")
 pytest.importorskip("gguf", reason="the llm extra writes the test models")
@@ -51,16 +50,7 @@ def _spec(root: Path, name: str) -> RuntimeSpec:
 
 
 def _job(seq: int) -> GenerationJob:
-    fields: dict[str, Any] = {
-        "messages": None,
-        "max_tokens": 8,
-        "temperature": 0.0,
-        "top_p": 1.0,
-        "top_k": 0,
-        "seed": None,
-        "stop": (),
-    }
-    return GenerationJob(seq, PROMPT, **fields)
+    return greedy_job(seq, PROMPT)
 
 
 def test_adapters_run_beside_the_model_and_go_without_it(root: Path) -> None:

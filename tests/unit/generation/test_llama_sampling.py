@@ -14,7 +14,7 @@ from modelyard.errors import InvalidInputError
 from modelyard.runtimes.base import RuntimeSpec
 from modelyard.runtimes.generation import GenerationJob
 from modelyard.runtimes.llama_sampling import check_schema, schema_grammar
-from tests.unit.generation.sinks import CollectingSink
+from tests.unit.generation.sinks import CollectingSink, greedy_job
 
 pytest.importorskip("llama_cpp", reason="the llm extra runs GGUF models")
 pytest.importorskip("gguf", reason="the llm extra writes the test models")
@@ -54,19 +54,9 @@ _SEQ = iter(range(1, 10_000))
 
 def _run(runtime: tuple[Any, CollectingSink], **fields: Any) -> Any:
     rt, sink = runtime
-    base: dict[str, Any] = {
-        "prompt": "hello there",
-        "messages": None,
-        "max_tokens": 8,
-        "temperature": 0.0,
-        "top_p": 1.0,
-        "top_k": 0,
-        "seed": None,
-        "stop": (),
-    }
-    base.update(fields)
     seq = next(_SEQ)
-    rt.submit(GenerationJob(seq, **base))
+    prompt = fields.pop("prompt", "hello there")
+    rt.submit(greedy_job(seq, prompt, **fields))
     return sink.wait(seq)
 
 

@@ -13,7 +13,7 @@ from modelyard.runtimes.base import RuntimeSpec
 from modelyard.runtimes.generation import GenerationJob
 from modelyard.runtimes.llama_cpp import LlamaCppRuntime
 from modelyard.runtimes.prompt_prefix import SlotPrefixes, common_prefix
-from tests.unit.generation.sinks import CollectingSink
+from tests.unit.generation.sinks import CollectingSink, greedy_job
 
 pytest.importorskip("llama_cpp", reason="the llm extra runs GGUF models")
 pytest.importorskip("gguf", reason="the llm extra writes the test models")
@@ -34,16 +34,7 @@ def gguf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _job(seq: int, prompt: str) -> GenerationJob:
-    fields: dict[str, Any] = {
-        "messages": None,
-        "max_tokens": 8,
-        "temperature": 0.0,
-        "top_p": 1.0,
-        "top_k": 0,
-        "seed": None,
-        "stop": (),
-    }
-    return GenerationJob(seq, prompt, **fields)
+    return greedy_job(seq, prompt)
 
 
 def _serve(folder: Path, prompts: list[str], **options: str) -> tuple[list[list[int]], Any]:
