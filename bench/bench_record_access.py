@@ -3,9 +3,10 @@
 The first replica's parts (instance, info, scheduler, in-flight batches, leases) live on
 ``record.first`` (a :class:`~modelyard.manager.replica.Replica`); the record reads and
 writes them through properties so callers did not change. This times the accesses one
-tensor request makes on its record (the router's ``enter_ready``/``leave_ready`` and the
-scheduler's execute: about 12), through the record and directly on ``record.first``, in
-one process and one run, rounds interleaved.
+tensor request makes on its record (``Router.submit`` and the scheduler's execute: about
+12), through the record and directly on ``record.first``, in one process and one run,
+rounds interleaved. ``Router.submit`` and ``ModelRecord.is_ready`` read ``record.first``
+directly for this reason.
 
 Run from the repository root::
 
@@ -30,7 +31,7 @@ class _Alive:
 def _through_record(record: ModelRecord, n: int) -> float:
     start = time.perf_counter()
     for _ in range(n):
-        # enter_ready: checks, lease; execute: instance, in-flight; leave_ready.
+        # Router.submit's checks and lease, execute's instance and in-flight count.
         if record.replicas or not record.is_ready:
             raise AssertionError
         _ = record.info

@@ -193,11 +193,8 @@ class ModelRecord:
     @property
     def is_ready(self) -> bool:
         """True when requests can be served now."""
-        return (
-            self.state is ModelState.READY
-            and self.instance is not None
-            and (self.instance.is_alive)
-        )
+        instance = self.first.instance
+        return self.state is ModelState.READY and instance is not None and instance.is_alive
 
     @property
     def pending(self) -> int:

@@ -131,7 +131,8 @@ class Router:
         if client_timeout_s is not None and client_timeout_s < timeout_s:
             timeout_s = client_timeout_s
         replica = self.pick(record) if record.replicas else None
-        holder = record if replica is None else replica
+        # The replica itself, not the record's forwarding properties (a call each).
+        holder = record.first if replica is None else replica
         info = holder.info
         scheduler = holder.scheduler
         if (
@@ -161,17 +162,14 @@ class Router:
     def _lease(self, record: ModelRecord, replica: Replica | None) -> None:
         """Pin the replica a request runs on until :meth:`_release` (None: the first)."""
         if replica is None:
-            record.route_leases += 1
+            record.first.leases += 1
         else:
             replica.leases += 1
             replica.last_busy = self._clock.monotonic()
 
     @staticmethod
     def _release(record: ModelRecord, replica: Replica | None) -> None:
-        if replica is None:
-            record.route_leases -= 1
-        else:
-            replica.leases -= 1
+        (record.first if replica is None else replica).leases -= 1
 
     @asynccontextmanager
     async def route(
