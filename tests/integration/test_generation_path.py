@@ -134,3 +134,9 @@ async def test_a_generative_model_that_keeps_failing_opens_its_breaker(llm_root:
         assert record.generation.counters["rejected_circuit"] == 3
         stats = await client.get("/v2/stats")
         assert '"breaker_state":"open"' in stats.text.replace(" ", ""), stats.text
+        # The generation scheduler's own reading, beside the tensor scheduler's.
+        (view,) = [m for m in stats.json()["models"] if m["name"] == "llama-a"]
+        assert view["generation"]["breaker_state"] == "open"
+        assert view["generation"]["rejected_circuit"] == 3
+        assert view["generation"]["failed"] == 2
+        assert view["generation"]["running_streams"] == 0

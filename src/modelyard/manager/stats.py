@@ -56,6 +56,8 @@ class VersionView:
     """The scheduler's stats (None while no scheduler runs)."""
     breaker: str | None
     """The circuit breaker's state (None while no scheduler runs)."""
+    generation: dict[str, object] | None = None
+    """Its first replica's generation scheduler's stats (generative models only)."""
     replicas: list[ReplicaView] = field(default_factory=list)
     """Its extra replicas (scale-out), each on its own device."""
     offload: dict[str, Any] | None = None
@@ -102,6 +104,7 @@ class VersionView:
             worker=dict(info.details) if info is not None else None,
             scheduler=scheduler.stats() if scheduler is not None else None,
             breaker=scheduler.breaker.state.value if scheduler is not None else None,
+            generation=_generation_stats(record.first),
             replicas=[ReplicaView.of(r) for r in record.replicas],
             offload=record.offload.to_json() if record.offload is not None else None,
         )
@@ -149,6 +152,8 @@ class VersionView:
             out["worker"] = dict(self.worker)
         if self.scheduler is not None:
             out["scheduler"] = self.scheduler
+        if self.generation is not None:
+            out["generation"] = self.generation
         out["replicas"] = [r.to_json() for r in self.replicas]
         if self.offload is not None:
             out["offload"] = self.offload
@@ -184,6 +189,8 @@ class ReplicaView:
     model_calls: int = 0
     """Calls to its worker (its scheduler's count; 0 once stopped): ``succeeded`` over
     this is the rows its batches carried, how full routing keeps each replica's batches."""
+    generation: dict[str, object] | None = None
+    """Its generation scheduler's stats (generative models only)."""
 
     @classmethod
     def of(cls, replica: Replica) -> ReplicaView:
@@ -200,11 +207,12 @@ class ReplicaView:
             info.pid if info is not None else None,
             counts["succeeded"] if counts is not None else 0,
             counts["model_calls"] if counts is not None else 0,
+            _generation_stats(replica),
         )
 
     def to_json(self) -> dict[str, Any]:
-        """Every field by name."""
-        return {
+        """Every field by name (``generation`` only for a generative model's)."""
+        out: dict[str, Any] = {
             "replica": self.replica,
             "device": self.device,
             "state": self.state,
@@ -215,6 +223,14 @@ class ReplicaView:
             "succeeded": self.succeeded,
             "model_calls": self.model_calls,
         }
+        if self.generation is not None:
+            out["generation"] = self.generation
+        return out
+
+
+def _generation_stats(replica: Replica) -> dict[str, object] | None:
+    """``replica``'s generation scheduler's stats (None: not generative, or stopped)."""
+    return replica.generation.stats() if replica.generation is not None else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -169,6 +169,22 @@ class GenerationScheduler:
         """Admission and outcome counters, named as the tensor scheduler's; a copy."""
         return {key: self._counts[key] for key in COUNTERS}
 
+    def stats(self) -> dict[str, object]:
+        """The ``/v2/stats`` reading of this replica's streams: lifecycle, slots, streams
+        running and queued, preemptions, the shared breaker's state, and the counters
+        (named as the tensor scheduler's, flattened in)."""
+        out: dict[str, object] = {
+            "state": self._state.value,
+            "slots": self.slots,
+            "running_streams": self.running,
+            "queued_streams": self.queued,
+            "max_queue_size": self.limits.max_queue_size,
+            "preemptions": self.preemptions,
+            "breaker_state": self._breaker.state.value,
+        }
+        out.update(self.counters)
+        return out
+
     # ---------------------------------------------------------------- requests
 
     def stream(

@@ -140,11 +140,17 @@ async def test_queue_limit_and_a_deadline_passed_while_queued() -> None:
     with pytest.raises(DeadlineExceededError, match="generation slots"):
         await queued
     assert worker.calls == 1, "a request that expired queued never reaches the worker"
+    busy = s.stats()
+    assert (busy["running_streams"], busy["queued_streams"], busy["max_queue_size"]) == (1, 0, 1)
     worker.hold.set()
     assert [c.finish_reason async for c in holder][-1] == "length"
     counts = s.counters
     assert counts["rejected_overloaded"] == 1
     assert counts["expired_queued"] == 1
+    stats = s.stats()  # what /v2/stats shows: the counters and the slots' figures
+    assert stats["rejected_overloaded"] == 1
+    assert (stats["slots"], stats["running_streams"], stats["queued_streams"]) == (1, 0, 0)
+    assert (stats["state"], stats["breaker_state"]) == ("running", "closed")
     assert counts["succeeded"] == 1
     assert s.breaker.state is BreakerState.CLOSED  # nothing was the model's fault
     assert s.pending == 0
