@@ -144,7 +144,7 @@ class Router:
             self.manager.touch(record)
             record.leases += 1
             self._lease(record, replica)
-            try:
+            try:  # holder.submit, inlined: the scheduler is in hand already
                 outputs = await scheduler.submit(
                     prepare(info.inputs), priority=priority, deadline=started + timeout_s
                 )
@@ -154,7 +154,7 @@ class Router:
             return info, outputs
         async with self.route_request(record, started, client_timeout_s) as route:
             info = route.info
-            outputs = await route.scheduler.submit(
+            outputs = await route.target.submit(
                 prepare(info.inputs), priority=priority, deadline=route.deadline
             )
         return info, outputs
