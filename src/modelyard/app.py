@@ -176,7 +176,7 @@ class App:
 
     async def _make_scheduler(self, record: ModelRecord, replica: Replica | None) -> ModelScheduler:
         """The scheduler of one replica (``None``: the version's first, the record itself)."""
-        holder: ModelRecord | Replica = record if replica is None else replica
+        holder = record.first if replica is None else replica
         info = holder.info
         assert info is not None
         config = SchedulerConfig.from_model_config(

@@ -21,13 +21,10 @@ from modelyard.errors import (
 from modelyard.manager.records import ModelRecord, Replica
 from modelyard.scheduling.dispatcher import Execute
 
-Holder = ModelRecord | Replica
-"""A replica: the version's first (the record itself) or an extra one."""
 
-
-def live_sibling(record: ModelRecord, failed: Holder) -> Holder | None:
+def live_sibling(record: ModelRecord, failed: Replica) -> Replica | None:
     """Another replica of ``record`` whose worker is alive, the least busy (None: none)."""
-    holders: list[Holder] = [record, *record.replicas]
+    holders = [record.first, *record.replicas]
     live = [
         h for h in holders if h is not failed and h.instance is not None and h.instance.is_alive
     ]
@@ -39,11 +36,12 @@ def _gone(record: ModelRecord) -> WorkerGoneError:
     return WorkerGoneError(f"model {record.key} is not ready: {record.reason}")
 
 
-def replica_execute(record: ModelRecord, holder: Holder, clock: Clock) -> Execute:
-    """The ``execute`` of ``holder``'s scheduler (``holder`` is ``record`` or its replica)."""
+def replica_execute(record: ModelRecord, holder: Replica, clock: Clock) -> Execute:
+    """The ``execute`` of ``holder``'s scheduler (``holder`` is one of ``record``'s
+    replicas, the first included)."""
 
     async def run_on(
-        target: Holder, batch: dict[str, np.ndarray], deadline: float
+        target: Replica, batch: dict[str, np.ndarray], deadline: float
     ) -> dict[str, np.ndarray]:
         instance = target.instance
         if instance is None or not instance.is_alive:

@@ -128,7 +128,14 @@ class CircuitBreaker:
 
         ``failed`` is True only for failures that are the model's fault.
         """
-        current = [p for p in permits if p.generation == self._generation]
+        generation = self._generation
+        if self.is_closed:  # most calls: one outcome if any permit is of this generation
+            for permit in permits:
+                if permit.generation == generation:
+                    self._add_outcome(failed)
+                    return
+            return
+        current = [p for p in permits if p.generation == generation]
         if not current:
             return  # admitted under an earlier generation: says nothing about now
         state = self.state

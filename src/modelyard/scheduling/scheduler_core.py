@@ -183,8 +183,10 @@ class SchedulerCore:
         return self._fixed_limits
 
     def _after_call(self, report: CallReport) -> None:
-        permits = [r.permit for r in report.requests]
+        requests = report.requests
+        permits = [r.permit for r in requests]
         rows = report.rows
+        compute_s = report.compute_s
         if report.is_model_fault:
             self._breaker.record(failed=True, permits=permits)
         elif report.error is None:
@@ -192,21 +194,22 @@ class SchedulerCore:
         else:
             self._breaker.release(permits)
         if report.error is None:
-            self._service.observe(rows, report.compute_s, replace=self._prober.measured())
-        self._ewma_call_s = _ewma(self._ewma_call_s, report.compute_s)
-        self._ewma_call_requests = _ewma(self._ewma_call_requests, float(len(report.requests)))
+            self._service.observe(rows, compute_s, replace=self._prober.measured())
+        self._ewma_call_s = _ewma(self._ewma_call_s, compute_s)
+        self._ewma_call_requests = _ewma(self._ewma_call_requests, float(len(requests)))
         if self._adaptive is not None and (
             report.error is None or isinstance(report.error, DeadlineExceededError)
         ):
             self._adaptive.observe(
                 batch_size=rows,
-                compute_s=report.compute_s,
-                latencies_s=[report.ended - r.arrival for r in report.requests],
+                compute_s=compute_s,
+                latencies_s=[report.ended - r.arrival for r in requests],
             )
         if self.on_batch is not None:
-            waits_s = [report.started - r.arrival for r in report.requests]
+            started = report.started
+            waits_s = [started - r.arrival for r in requests]
             try:
-                self.on_batch(rows, waits_s, report.compute_s)
+                self.on_batch(rows, waits_s, compute_s)
             except Exception:
                 logger.exception("model %r: on_batch hook failed; ignoring it", self.name)
 

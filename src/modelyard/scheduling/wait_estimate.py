@@ -35,6 +35,7 @@ estimate into refusals.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -110,6 +111,7 @@ class ServiceTimes:
         now = self._clock.monotonic() if self._clock is not None else 0.0
         key = rows.bit_length()
         bucket = self._buckets.get(key)
+        before = -math.inf  # the bucket's value before this call
         if bucket is None:
             bucket = self._buckets[key] = _Bucket(float(rows), compute_s, now)
             # Buckets hold disjoint row ranges: sorted by key is sorted by rows, for good.
@@ -117,6 +119,7 @@ class ServiceTimes:
             self._points = [(self._buckets[k].rows, self._buckets[k].seconds) for k in self._keys]
         else:
             alpha = 1.0 if replace else self._alpha
+            before = bucket.seconds
             age_s = now - bucket.at
             if age_s > FRESH_S:
                 # Fresh evidence weighs more the older the bucket's: a stale value is replaced.
@@ -131,8 +134,9 @@ class ServiceTimes:
         upper = self.upper_s
         if upper is None or bucket.seconds >= upper or len(self._points) == 1:
             self.upper_s = bucket.seconds
-        else:
+        elif before >= upper:  # the largest fell: another bucket may be the largest now
             self.upper_s = max(seconds for _, seconds in self._points)
+        # else: it neither was nor is the largest, which stands (most calls, per batch)
 
     def freshness(self) -> float:
         """The weight left to the measurements now: 1 while fresh (or without a clock),

@@ -1,5 +1,5 @@
 """Cache learning off the request path (``manager/learning.py``): a request is recorded,
-learnt at the end of its loop turn in a batch that leaves exactly what one request at a
+learnt within ``LEARN_EVERY_S`` in a batch that leaves exactly what one request at a
 time leaves, and any choice made before then learns the recorded requests first."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from modelyard.errors import ModelNotFoundError
 from modelyard.manager.demand import DemandTracker
 from modelyard.manager.episodes import EpisodeWeights
 from modelyard.manager.eviction import ArrivalCostPolicy, DecayedGdsfPolicy
-from modelyard.manager.learning import RequestEvents
+from modelyard.manager.learning import LEARN_EVERY_S, RequestEvents
 from modelyard.manager.manager import ModelManager
 from modelyard.manager.prefetch import Prefetcher
 from modelyard.manager.records import ModelKey, ModelRecord
@@ -149,7 +149,7 @@ def _manager(tmp_path: Path) -> tuple[ModelManager, FakeClock]:
     return manager, clock
 
 
-async def test_a_request_is_learnt_at_the_end_of_its_turn(tmp_path: Path) -> None:
+async def test_a_request_is_learnt_within_the_learning_delay(tmp_path: Path) -> None:
     manager, clock = _manager(tmp_path)
     a = manager.resolve("a", None)
     policy = manager.policy
@@ -158,11 +158,14 @@ async def test_a_request_is_learnt_at_the_end_of_its_turn(tmp_path: Path) -> Non
     # What the request must see at once is written at once ...
     assert a.stats.requests == 1
     assert a.stats.last_used == clock.monotonic()
-    # ... the learning waits for the end of the turn.
+    # ... the learning waits: past the end of the turn, until LEARN_EVERY_S.
     assert manager.learning.pending == 1
     assert policy.episodes.demand(a.key, clock.monotonic()) == 0.0
     await asyncio.sleep(0)
+    assert manager.learning.pending == 1
+    await asyncio.sleep(LEARN_EVERY_S * 2)
     assert manager.learning.pending == 0
+    assert manager.learning.batches == 1
     assert policy.episodes.demand(a.key, clock.monotonic()) == 1.0
     assert manager.demand.demand(a.key, clock.monotonic()) == 1.0
     await manager.close()
@@ -177,8 +180,8 @@ async def test_a_choice_in_the_same_turn_learns_the_recorded_requests_first(
         await manager.ensure_ready(record, deadline=None)
     manager.touch(a)
     clock.advance(5)
-    await asyncio.sleep(0)  # a's request is learnt
-    for _ in range(20):  # b is asked for often, all within this turn
+    await asyncio.sleep(LEARN_EVERY_S * 2)  # a's request is learnt
+    for _ in range(20):  # b is asked for often, all before the next flush
         manager.touch(b)
         clock.advance(2)
     assert manager.learning.pending == 20
