@@ -2,8 +2,9 @@
 
 One task waits until a batch is due (:mod:`~modelyard.scheduling.batcher` over the
 priority queue: full, at a preferred size, or its oldest request has waited its delay),
-takes it, and runs it as a task of its own, at most ``max_concurrency`` at once; each
-batch task calls the model and answers its requests. Queued requests whose deadline
+takes it, and runs it as a task of its own, at most ``max_concurrency`` at once (with
+one, the default, in the dispatcher's own task); each batch calls the model and answers
+its requests. Queued requests whose deadline
 passed, or that an open breaker may not run, are answered here without running.
 """
 
@@ -40,6 +41,9 @@ class BatchDispatcher(SchedulerCore):
     """Form batches from the queue and run them; see the module docstring."""
 
     async def _dispatch_loop(self) -> None:
+        if self.config.max_concurrency == 1:
+            await self._dispatch_inline()
+            return
         while True:
             await self._slots.acquire()
             try:
@@ -55,6 +59,28 @@ class BatchDispatcher(SchedulerCore):
             task = asyncio.create_task(self._run_batch(batch), name=f"modelyard-batch-{self.name}")
             self._batches[task] = batch
             task.add_done_callback(self._batch_done)
+
+    async def _dispatch_inline(self) -> None:
+        """One call at a time (``max_concurrency: 1``, the default): each batch runs in
+        the dispatcher's own task, which would only wait for a batch task to end before
+        taking the next batch (a task per batch costs its creation, a loop turn and a
+        done callback). Registered in ``_batches`` as a batch task is, so drain, close
+        and the counts see it; answered as :meth:`_batch_done` answers one."""
+        task = asyncio.current_task()
+        assert task is not None
+        while True:
+            batch = await self._next_batch()
+            if batch is None:
+                return
+            self._batches[task] = batch
+            error: BaseException | None = None
+            try:
+                await self._run_batch(batch)
+            except Exception as exc:  # answered below; the dispatcher goes on
+                error = exc
+            finally:
+                del self._batches[task]
+                self._answer_left(batch, error)
 
     async def _next_batch(self) -> list[QueuedRequest] | None:
         """Wait until a batch is due; take it from the queue. None: drained and empty."""
@@ -238,21 +264,24 @@ class BatchDispatcher(SchedulerCore):
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         batch = self._batches.pop(task)
         self._slots.release()
-        if not task.cancelled() and task.exception() is not None:
+        self._answer_left(batch, None if task.cancelled() else task.exception())
+
+    def _answer_left(self, batch: list[QueuedRequest], error: BaseException | None) -> None:
+        """After a batch's call: fail whatever it left unanswered (``error``: what the
+        batch's run raised, logged; None when it ended or was cancelled)."""
+        if error is not None:
             logger.error(
-                "model %r: batch task failed; its requests fail",
-                self.name,
-                exc_info=task.exception(),
+                "model %r: batch task failed; its requests fail", self.name, exc_info=error
             )
         for request in batch:
             request.state = RequestState.DONE
             if request.future.done():
                 continue
             if self._state is Lifecycle.CLOSED:
-                error: ServerError = self._not_ready_error("closed while the request ran")
+                failure: ServerError = self._not_ready_error("closed while the request ran")
             else:
-                error = InternalError(f"model {self.name!r}: the call ended without an answer")
-            self._fail(request, error, "failed")
+                failure = InternalError(f"model {self.name!r}: the call ended without an answer")
+            self._fail(request, failure, "failed")
 
     def _dispatcher_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or task.exception() is None:

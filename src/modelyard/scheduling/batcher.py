@@ -16,12 +16,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-BatchKey = tuple[tuple[str, str, tuple[int, ...]], ...]
-"""What must match for requests to share a batch: (name, dtype, trailing shape) per input."""
+BatchKey = tuple[tuple[str, np.dtype[Any], tuple[int, ...]], ...]
+"""What must match for requests to share a batch: (name, dtype, trailing shape) per input.
+The dtype itself, not its ``str``: built on every request, and a builtin dtype is one
+object, so keys compare by identity first."""
 
 
 class Batchable(Protocol):
@@ -49,14 +51,14 @@ def batch_key(inputs: Mapping[str, np.ndarray]) -> BatchKey | None:
         ((name, array),) = inputs.items()
         if array.ndim == 0:
             return None
-        return ((name, array.dtype.str, array.shape[1:]),)
+        return ((name, array.dtype, array.shape[1:]),)
     leading: set[int] = set()
     parts = []
     for name, array in inputs.items():
         if array.ndim == 0:
             return None
         leading.add(array.shape[0])
-        parts.append((name, array.dtype.str, tuple(array.shape[1:])))
+        parts.append((name, array.dtype, tuple(array.shape[1:])))
     if len(leading) != 1:
         return None
     return tuple(sorted(parts))

@@ -545,9 +545,9 @@ async def test_cancelled_while_running_drops_the_result(make_scheduler: MakeSche
     scheduler, model, first = await blocked(make_scheduler)
     second = submit(scheduler, 1)  # queued behind the first: it will run from the dispatcher
     await settle(lambda: queued(scheduler, 1))
+    model.on_call = model.hold  # the next call (the second's) waits at its start
     model.release()
     await first
-    model.hold()
     await settle(lambda: len(model.calls) == 2)
     second.cancel()
     with pytest.raises(asyncio.CancelledError):
