@@ -40,6 +40,7 @@ from modelyard.protocol.load_parameters import load_config
 from modelyard.protocol.names import check_model_name, check_version_name
 from modelyard.protocol.predict import predict_answer, predict_call, predict_inputs
 from modelyard.protocol.types import (
+    InferInput,
     InferRequest,
     InferResponse,
     ModelMetadata,
@@ -216,7 +217,11 @@ class DataPlane:
     # ------------------------------------------------------------------ inference
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        """Validate, route (hot-loading if needed), schedule, run, and wrap one request."""
+        """Validate, route (hot-loading if needed), schedule, run, and wrap one request.
+
+        Its inputs were counted against ``limits.max_request_elements`` by whoever built
+        them: the decoders count the declared shapes before allocating, and a caller that
+        builds arrays itself calls :meth:`check_elements`."""
         if not self.is_serving:
             raise ModelNotReadyError("server is not ready (starting or shutting down)")
         started = self.clock.monotonic()
@@ -226,13 +231,6 @@ class DataPlane:
                 check_model_name(request.model_name)
             if request.model_version:
                 check_version_name(request.model_version)
-            # A backstop for callers that built arrays themselves (/predict); the
-            # decoders already counted the declared shapes before allocating.
-            total = 0
-            for tensor in request.inputs:
-                total = count_elements(
-                    tensor.name, tensor.array.shape, total, self.max_request_elements
-                )
             record = self._resolve(request.model_name, request.model_version)
         except ServerError as exc:
             if metrics is not None:  # no model label: the name is the client's, unbounded
@@ -272,6 +270,7 @@ class DataPlane:
             )
         meta = await self.model_metadata_loaded(call.model, call.version, timeout_s)
         inputs = predict_inputs(doc, call.model, meta.inputs)
+        self.check_elements(inputs)
         if timeout_s is not None:
             timeout_s -= self.clock.monotonic() - started
             if timeout_s <= 0:
@@ -394,6 +393,15 @@ class DataPlane:
         if size > self.max_response_bytes:
             self.check_response_bytes(size)
         return response
+
+    def check_elements(self, inputs: list[InferInput]) -> None:
+        """PayloadTooLargeError when ``inputs`` (arrays a caller built itself, as
+        ``/predict`` does) hold more than ``limits.max_request_elements`` elements."""
+        total = 0
+        for tensor in inputs:
+            total = count_elements(
+                tensor.name, tensor.array.shape, total, self.max_request_elements
+            )
 
     def check_response_bytes(self, size: int) -> None:
         """PayloadTooLargeError when a response of ``size`` bytes is over the limit."""

@@ -297,6 +297,7 @@ class OpenAIPlane:
             priority=body.priority,
             timeout_s=timeout_s,
         )
+        self.dp.check_elements(request.inputs)
         response = await self.dp.infer(request)
         outputs = {o.name: o.array for o in response.outputs}
         vectors = np.asarray(outputs[vector_output], dtype=np.float32)
