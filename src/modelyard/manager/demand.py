@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Sequence
-from itertools import repeat
 
 __all__ = ["DEFAULT_HALF_LIFE_S", "PENDING_MAX", "DemandTracker"]
 
@@ -38,37 +37,38 @@ class DemandTracker:
         self._demand: dict[Hashable, tuple[float, float]] = {}
         # Observations not folded into _demand yet, in order: the request path appends,
         # every read folds first, so each read sees exactly what eager updates would give.
-        self._pending: list[tuple[Hashable, float, float]] = []
+        self._pending: list[tuple[Hashable, Sequence[float], Sequence[float]]] = []
+        """Runs ``(key, times, weights)``, folded in order."""
+        self._pending_count = 0
+        """Observations in ``_pending``."""
         self._requests: dict[Hashable, tuple[float, float]] = {}
         """The same decay over plain requests, whatever their weight (:meth:`top`)."""
 
     def observe(self, key: Hashable, now: float, weight: float = 1.0) -> None:
         """Count one request for ``key`` at ``now`` (folded in at the next read)."""
-        pending = self._pending
-        pending.append((key, now, weight))
-        if len(pending) >= PENDING_MAX:
-            self._fold()
+        self.observe_run(key, (now,), (weight,))
 
     def observe_run(self, key: Hashable, times: Sequence[float], weights: Sequence[float]) -> None:
         """Count requests for ``key`` at ``times`` (ascending), each of its ``weights``:
         the same as one :meth:`observe` per request, in order."""
-        pending = self._pending
-        if len(times) == 1:
-            pending.append((key, times[0], weights[0]))
-        else:
-            pending.extend(zip(repeat(key), times, weights, strict=False))
-        if len(pending) >= PENDING_MAX:
+        if len(times) != len(weights):
+            raise ValueError("observe_run needs one weight per time")
+        self._pending.append((key, times, weights))
+        self._pending_count += len(times)
+        if self._pending_count >= PENDING_MAX:
             self._fold()
 
     def _fold(self) -> None:
         pending, self._pending = self._pending, []
+        self._pending_count = 0
         demand, requests, rate, exp = self._demand, self._requests, self._rate, math.exp
-        # Consecutive observations of one key (a busy model's) are folded in locals:
-        # the same arithmetic in the same order as one update each, with one lookup and
-        # one store per run of a key (a key's hash may be a Python call).
+        # Consecutive runs of one key (a busy model's) are folded in locals: the same
+        # arithmetic in the same order as one update each, with one lookup and one store
+        # per key's stretch (a key's hash may be a Python call). max(0.0, gap) is written
+        # as a conditional: it runs per request.
         run: Hashable = _NO_KEY
         value = since = count = 0.0
-        for key, now, weight in pending:
+        for key, times, weights in pending:
             if key is not run:
                 if run is not _NO_KEY:
                     demand[run] = (value, since)
@@ -76,14 +76,17 @@ class DemandTracker:
                 run = key
                 found = demand.get(key)
                 if found is None:
-                    value, since, count = weight, now, 1.0
-                    continue
-                value, since = found
-                count = requests[key][0]
-            decay = exp(-rate * max(0.0, now - since))
-            value = value * decay + weight
-            count = count * decay + 1.0
-            since = now
+                    # Its first request: as if a zero demand at that time were decayed.
+                    value, since, count = 0.0, times[0], 0.0
+                else:
+                    value, since = found
+                    count = requests[key][0]
+            for now, weight in zip(times, weights, strict=True):
+                gap = now - since
+                decay = exp(-rate * (gap if gap > 0.0 else 0.0))
+                value = value * decay + weight
+                count = count * decay + 1.0
+                since = now
         if run is not _NO_KEY:
             demand[run] = (value, since)
             requests[run] = (count, since)

@@ -50,8 +50,13 @@ class EpisodeWeights:
             return [1.0] * len(times)
         correlated = self.correlated_s
         weights = []
-        for now in times:
-            weights.append(1.0 if last is None else min(1.0, max(0.0, now - last) / correlated))
+        for now in times:  # min(1.0, max(0.0, gap) / correlated), without calls
+            if last is None:
+                weights.append(1.0)
+            else:
+                gap = now - last
+                weight = (gap if gap > 0.0 else 0.0) / correlated
+                weights.append(weight if weight < 1.0 else 1.0)
             last = now
         self._last[key] = times[-1]
         return weights

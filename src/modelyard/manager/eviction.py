@@ -342,11 +342,17 @@ class ArrivalCostPolicy:
         last = self._last.get(key)
         correlated = self.correlated_s
         weights = []
+        # max(0.0, x) and min(1.0, x) as conditionals (the same values): per request.
         for now in times:
             weight = 1.0
             if last is not None:
-                gap = max(0.0, now - last)
-                weight = min(1.0, gap / correlated) if correlated > 0 else 1.0
+                gap = now - last
+                if not gap > 0.0:
+                    gap = 0.0
+                if correlated > 0:
+                    weight = gap / correlated
+                    if not weight < 1.0:
+                        weight = 1.0
                 if gap >= correlated:
                     self.gaps.add(key, gap)
             last = now

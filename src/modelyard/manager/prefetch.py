@@ -23,6 +23,7 @@ import math
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from modelyard.config.settings import PrefetchConfig
 from modelyard.errors import ServerError
@@ -113,7 +114,9 @@ class MarkovPredictor:
         if not counts:
             return None
         total = sum(counts.values())
-        successor, n = counts.most_common(1)[0]
+        # most_common(1) is this max (heapq.nlargest takes max for one), without its
+        # two Python layers: it runs after every run of requests.
+        successor, n = max(counts.items(), key=itemgetter(1))
         sole = len(counts) == 1 and self.sole_reliable(self.sole_threshold)
         return Prediction(successor, n / total, total, sole)
 
