@@ -18,8 +18,8 @@ from modelyard.scheduling.batcher import (
 
 from ._fakes import reference_model, tensor
 
-KEY_A: BatchKey = (("x", "<f4", (3,)),)
-KEY_B: BatchKey = (("x", "<f4", (4,)),)
+KEY_A: BatchKey = (("x", np.dtype("<f4"), (3,)),)
+KEY_B: BatchKey = (("x", np.dtype("<f4"), (4,)),)
 
 
 @dataclass
