@@ -70,6 +70,8 @@ class RequestEvents:
         self._events: list[Event] = []
         self._timer: asyncio.TimerHandle | None = None
         """The flush the first pending event scheduled (None: nothing pending)."""
+        self._closed = False
+        """Closed: each request is learnt at once (none should come)."""
         self.batches = 0
         """Batches consumed (a reading for tests and benchmarks)."""
         self.learnt = 0
@@ -89,11 +91,19 @@ class RequestEvents:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # no event loop (a synchronous caller): learn now
+                loop = None
+            if loop is None or self._closed:
                 self.flush()
                 return
             self._timer = loop.call_later(LEARN_EVERY_S, self.flush)
         elif len(events) >= MAX_PENDING:
             self.flush()
+
+    def close(self) -> None:
+        """Learn what is pending now and schedule nothing more (the manager's close, while
+        its tasks are still open: a decision taken here is cancelled with them)."""
+        self._closed = True
+        self.flush()
 
     def flush(self) -> None:
         """Learn every recorded event now, in order (idempotent; re-entrant: a decision

@@ -282,6 +282,9 @@ class ModelManager:
 
     async def close(self) -> None:
         """Unload everything and stop background tasks."""
+        # Pending requests are learnt before the tasks close: a prefetch a late flush
+        # started would otherwise load (and reserve) after the unloads below.
+        self.learning.close()
         await self.tasks.close()
         self.anticipation.close()
         await asyncio.gather(
