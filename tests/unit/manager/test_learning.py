@@ -189,3 +189,16 @@ async def test_a_choice_in_the_same_turn_learns_the_recorded_requests_first(
     assert set(manager.admission.hot()) == {b.key}
     assert manager.learning.pending == 0
     await manager.close()
+
+
+async def test_closing_learns_what_is_pending_and_schedules_nothing_after(tmp_path: Path) -> None:
+    manager, clock = _manager(tmp_path)
+    a = manager.resolve("a", None)
+    manager.touch(a)
+    assert manager.learning.pending == 1
+    await manager.close()  # before its tasks close: a prefetch it decides is cancelled
+    assert manager.learning.pending == 0
+    assert manager.demand.demand(a.key, clock.monotonic()) == 1.0
+    manager.touch(a)  # a straggler after the close is learnt at once, on no timer
+    assert manager.learning.pending == 0
+    assert manager.learning.learnt == 2
