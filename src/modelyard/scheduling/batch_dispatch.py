@@ -4,8 +4,8 @@ One task waits until a batch is due (:mod:`~modelyard.scheduling.batcher` over t
 priority queue: full, at a preferred size, or its oldest request has waited its delay),
 takes it, and runs it as a task of its own, at most ``max_concurrency`` at once (with
 one, the default, in the dispatcher's own task); each batch calls the model and answers
-its requests. Queued requests whose deadline
-passed, or that an open breaker may not run, are answered here without running.
+its requests. Queued requests whose deadline passed, or that an open breaker may not
+run, are answered here without running.
 """
 
 from __future__ import annotations
