@@ -213,7 +213,7 @@ class Router:
                     if client_deadline is not None:
                         deadline = min(deadline, client_deadline)
                     replica = self.pick(record)
-                holder = record if replica is None else replica
+                holder = record.first if replica is None else replica
                 info = holder.info
                 scheduler = holder.scheduler
                 if info is None or scheduler is None or not scheduler.is_accepting:
